@@ -1,0 +1,1 @@
+//! Placeholder for the client crate; filled by its issue.

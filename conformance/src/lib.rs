@@ -1,0 +1,1 @@
+//! Placeholder for the conformance crate; filled by its issue.

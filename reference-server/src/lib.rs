@@ -1,0 +1,1 @@
+//! Placeholder for the reference-server crate; filled by its issue.

@@ -1,0 +1,55 @@
+//! Header names of the idempotency surface and the `Prefer: wait` parser.
+
+/// Request header carrying the key.
+pub const IDEMPOTENCY_KEY: &str = "Idempotency-Key";
+/// Response header marking a replayed response (clause `idem.replay.marker`).
+pub const IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
+/// Response header on 409 in-use (and 429/503) answers.
+pub const RETRY_AFTER: &str = "Retry-After";
+/// Request header for RFC 7240 preferences (`wait=N`).
+pub const PREFER: &str = "Prefer";
+/// Response header confirming an honoured preference.
+pub const PREFERENCE_APPLIED: &str = "Preference-Applied";
+
+/// Headers every replay reproduces when the original response had them
+/// (clause `idem.replay.verbatim`); endpoints may declare more.
+pub const REPLAYED_HEADERS: [&str; 3] = ["Content-Type", "Location", "ETag"];
+
+/// Extracts `wait=N` (seconds) from the values of `Prefer` headers.
+///
+/// RFC 7240 allows several preferences per header and several headers; the
+/// first well-formed `wait` wins and malformed ones are ignored, as the RFC
+/// asks servers to ignore preferences they do not understand.
+pub fn prefer_wait_secs<'a, I>(values: I) -> Option<u64>
+where
+    I: IntoIterator<Item = &'a str>,
+{
+    values
+        .into_iter()
+        .flat_map(|v| v.split(','))
+        .filter_map(|pref| {
+            let pref = pref.split(';').next()?.trim();
+            let (name, value) = pref.split_once('=')?;
+            if !name.trim().eq_ignore_ascii_case("wait") {
+                return None;
+            }
+            value.trim().trim_matches('"').parse::<u64>().ok()
+        })
+        .next()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // clause: idem.inflight.prefer-wait
+    #[test]
+    fn prefer_wait_is_parsed_leniently() {
+        assert_eq!(prefer_wait_secs(["wait=5"]), Some(5));
+        assert_eq!(prefer_wait_secs(["respond-async, Wait = 7"]), Some(7));
+        assert_eq!(prefer_wait_secs(["return=minimal", "wait=\"3\""]), Some(3));
+        assert_eq!(prefer_wait_secs(["wait=soon", "wait=2"]), Some(2));
+        assert_eq!(prefer_wait_secs(["return=minimal"]), None);
+        assert_eq!(prefer_wait_secs([]), None);
+    }
+}
