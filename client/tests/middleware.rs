@@ -2,101 +2,20 @@
 //! responses and records every request it receives. Time is a `ManualClock`, so sleeps are
 //! recorded, not waited for; no assertion depends on wall-clock timing.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::any;
 use idem_client::rng::SplitMix64;
 use idem_client::{
     Backoff, Deadline, Error, HookVerdict, ManualClock, RetryBudget, RetryEvent, RetryMiddleware,
     RetryReason, RetryReport, StopReason, derive_key,
 };
 use idem_spec::headers::IDEMPOTENCY_KEY;
-use idem_spec::problem::PROBLEM_CONTENT_TYPE;
 use idem_spec::{ErrorCode, IdempotencyKey};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 
-/// One scripted answer: status, optional Retry-After, optional problem code.
-#[derive(Clone)]
-struct Answer {
-    status: u16,
-    retry_after: Option<&'static str>,
-    code: Option<&'static str>,
-}
-
-fn answer(status: u16) -> Answer {
-    Answer {
-        status,
-        retry_after: None,
-        code: None,
-    }
-}
-
-#[derive(Default)]
-struct Script {
-    answers: Vec<Answer>,
-    /// The `Idempotency-Key` of every request received, in order.
-    seen_keys: Vec<Option<String>>,
-}
-
-type Shared = Arc<Mutex<Script>>;
-
-async fn handler(State(script): State<Shared>, headers: HeaderMap) -> Response {
-    let mut s = script.lock().expect("script lock");
-    let key = headers
-        .get(IDEMPOTENCY_KEY)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    s.seen_keys.push(key);
-    let a = if s.answers.is_empty() {
-        answer(200)
-    } else {
-        s.answers.remove(0)
-    };
-    let status = StatusCode::from_u16(a.status).expect("valid status");
-    let mut resp = match a.code {
-        Some(code) => (
-            status,
-            [("content-type", PROBLEM_CONTENT_TYPE)],
-            serde_json::json!({
-                "type": format!("https://idemkit.dev/book/errors.html#{code}"),
-                "title": "scripted", "status": a.status, "code": code, "retryable": true
-            })
-            .to_string(),
-        )
-            .into_response(),
-        None => (status, r#"{"id":"ord_1"}"#).into_response(),
-    };
-    if let Some(ra) = a.retry_after {
-        resp.headers_mut()
-            .insert("retry-after", ra.parse().expect("header value"));
-    }
-    resp
-}
-
-/// Starts the scripted server; returns its base URL and the shared script.
-async fn serve(answers: Vec<Answer>) -> (String, Shared) {
-    let script: Shared = Arc::new(Mutex::new(Script {
-        answers,
-        seen_keys: Vec::new(),
-    }));
-    let app = Router::new()
-        .route("/orders", any(handler))
-        .with_state(script.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
-    let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("server runs");
-    });
-    (format!("http://{addr}/orders"), script)
-}
+mod support;
+use support::{Answer, Shared, answer, serve};
 
 fn client(mw: RetryMiddleware) -> ClientWithMiddleware {
     ClientBuilder::new(reqwest::Client::new()).with(mw).build()
@@ -450,75 +369,6 @@ async fn the_hook_sees_every_retry_and_can_veto() {
     assert_eq!(events[1].plan.budget_left, Some(481));
     // The vetoed retry's tokens went back.
     assert_eq!(budget.available(), 486);
-}
-
-/// Captures the fields of `idem_client::retry` events.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<BTreeMap<String, String>>>>);
-
-struct Fields<'a>(&'a mut BTreeMap<String, String>);
-
-impl tracing::field::Visit for Fields<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        self.0.insert(field.name().to_owned(), format!("{value:?}"));
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
-    fn on_event(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        if event.metadata().target() != "idem_client::retry" {
-            return;
-        }
-        let mut map = BTreeMap::new();
-        event.record(&mut Fields(&mut map));
-        self.0.lock().expect("lock").push(map);
-    }
-}
-
-// clause: idem.client.observability
-#[tokio::test]
-async fn every_retry_emits_a_tracing_event_with_attempt_reason_delay_and_budget() {
-    use tracing_subscriber::layer::SubscriberExt;
-    let capture = Capture::default();
-    let subscriber = tracing_subscriber::registry().with(capture.clone());
-    let _guard = tracing::subscriber::set_default(subscriber);
-
-    let (url, _script) = serve(vec![answer(503), answer(408), answer(200)]).await;
-    let clock = ManualClock::default();
-    let client = client(
-        RetryMiddleware::default()
-            .with_clock(clock.clone())
-            .with_seed(5),
-    );
-    let resp = client.get(&url).send().await.expect("200");
-    assert_eq!(resp.status().as_u16(), 200);
-
-    let events: Vec<_> = capture
-        .0
-        .lock()
-        .expect("lock")
-        .iter()
-        .filter(|e| e.get("message").map(String::as_str) == Some("retrying"))
-        .cloned()
-        .collect();
-    assert_eq!(events.len(), 2, "{events:?}");
-    let sleeps = clock.sleeps();
-    for (i, (e, reason, left)) in [
-        (&events[0], "503-service-unavailable", "486"),
-        (&events[1], "408-request-timeout", "472"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        assert_eq!(e["attempt"], (i + 1).to_string());
-        assert_eq!(e["reason"], reason);
-        assert_eq!(e["delay_ms"], sleeps[i].as_millis().to_string());
-        assert_eq!(e["budget_left"], left);
-    }
 }
 
 // clause: idem.client.allowlist, idem.client.max-attempts

@@ -49,11 +49,11 @@ pub struct BrookerConfig {
 }
 
 impl Default for BrookerConfig {
-    /// The post's parameters: N = 10, 30, …, 190; 100 runs; base 5 ms; cap 2 s; hops
+    /// The post's parameters: N = 10, 20, …, 190; 100 runs; base 5 ms; cap 2 s; hops
     /// |Normal(10, 2)| ms; all five strategies.
     fn default() -> Self {
         Self {
-            clients: (10..=190).step_by(20).collect(),
+            clients: (10..=190).step_by(10).collect(),
             runs: 100,
             seed: 2015,
             base: Duration::from_millis(5),

@@ -66,10 +66,10 @@ pub fn brooker_artifacts(
         series: series(|c| c.mean_writes),
     };
     let time = Chart {
-        title: "Brooker 2015: mean completion time".into(),
+        title: "Brooker 2015: mean completion time (log scale)".into(),
         x_label: "clients".into(),
         y_label: "milliseconds".into(),
-        log_y: false,
+        log_y: true,
         series: series(|c| c.mean_time_ms),
     };
     Ok(vec![

@@ -79,7 +79,7 @@ pub fn render(chart: &Chart) -> Result<String, Error> {
             .y_desc(chart.y_label.as_str())
             .y_label_formatter(&move |v: &f64| {
                 if log_y {
-                    format!("{:.0}", 10f64.powf(*v))
+                    short(10f64.powf(*v))
                 } else {
                     format!("{v:.0}")
                 }
@@ -107,6 +107,22 @@ pub fn render(chart: &Chart) -> Result<String, Error> {
     }
     svg.push('\n');
     Ok(svg)
+}
+
+/// Two significant digits, with a k suffix from 1000: tick labels of a log axis.
+fn short(v: f64) -> String {
+    if v >= 1000.0 {
+        let k = v / 1000.0;
+        if k >= 10.0 {
+            format!("{k:.0}k")
+        } else {
+            format!("{k:.1}k")
+        }
+    } else if v >= 10.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
 }
 
 fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
