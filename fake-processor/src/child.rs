@@ -4,6 +4,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -15,6 +16,10 @@ use crate::{Error, ProcessorClient};
 /// How long [`ProcessorChild::spawn`] waits for the ready line. Generous,
 /// because CI machines share few cores between many builds.
 pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Environment variable naming a prebuilt processor binary; when set,
+/// [`binary`] returns it without running cargo.
+pub const BINARY_ENV: &str = "IDEM_FAKE_PROCESSOR_BIN";
 
 /// Most stdout lines read while looking for the ready line.
 const MAX_PRELUDE_LINES: usize = 64;
@@ -45,6 +50,63 @@ pub async fn spawn_child(
     db_path: impl AsRef<Path>,
 ) -> Result<ProcessorChild, Error> {
     ProcessorChild::spawn(binary, db_path).await
+}
+
+/// The path of an up-to-date `idem-fake-processor` binary, for tests of
+/// other crates (where `env!("CARGO_BIN_EXE_...")` is not available).
+///
+/// Returns `$IDEM_FAKE_PROCESSOR_BIN` when set. Otherwise it runs
+/// `cargo build -p idem-fake-processor --bin idem-fake-processor` once per
+/// test process (the release profile when the caller runs from a release
+/// `target/` folder) and returns the executable cargo reports, so a
+/// stale binary is never used. It blocks: call it before starting a
+/// runtime or through `tokio::task::spawn_blocking`. Cargo releases its
+/// build lock before running tests, so calling it from `cargo test` works.
+pub fn binary() -> Result<PathBuf, Error> {
+    if let Some(path) = std::env::var_os(BINARY_ENV) {
+        return Ok(PathBuf::from(path));
+    }
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(build_binary)
+        .clone()
+        .map_err(Error::Build)
+}
+
+fn build_binary() -> Result<PathBuf, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let release = std::env::current_exe()
+        .ok()
+        .is_some_and(|exe| exe.components().any(|c| c.as_os_str() == "release"));
+    let mut command = std::process::Command::new(cargo);
+    command
+        .arg("build")
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .args(["-p", "idem-fake-processor", "--bin", "idem-fake-processor"])
+        .arg("--message-format=json-render-diagnostics")
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit());
+    if release {
+        command.arg("--release");
+    }
+    let output = command
+        .output()
+        .map_err(|e| format!("running cargo: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("cargo build exited with {}", output.status));
+    }
+    // Cargo prints one JSON object per line; the artifact line of our
+    // binary carries its path in "executable".
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|msg| {
+            msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "idem-fake-processor"
+        })
+        .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
+        .ok_or_else(|| "cargo reported no idem-fake-processor executable".to_owned())
 }
 
 impl ProcessorChild {

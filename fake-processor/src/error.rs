@@ -53,6 +53,9 @@ pub enum Error {
     /// The child printed a `listening on` line that does not hold a URL.
     #[error("processor child printed an unreadable ready line: {0:?}")]
     BadReadyLine(String),
+    /// Building the processor binary with cargo failed (see [`crate::binary`]).
+    #[error("could not build the idem-fake-processor binary: {0}")]
+    Build(String),
     /// A `Processor-Behavior` header value or control request is invalid.
     #[error("invalid behaviour: {0}")]
     InvalidBehavior(String),

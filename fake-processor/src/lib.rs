@@ -38,6 +38,24 @@
 //!   that do not need a separate process.
 //! - [`ProcessorClient`] is a typed client: create charges, read the
 //!   counts, switch faults on and off.
+//! - [`binary`] finds (building it if needed) the binary to pass to
+//!   [`ProcessorChild::spawn`] from another crate's tests.
+//!
+//! A crash-recovery test, in outline:
+//!
+//! ```no_run
+//! # async fn gate() -> Result<(), idem_fake_processor::Error> {
+//! use idem_fake_processor::{ProcessorChild, binary};
+//!
+//! let bin = tokio::task::spawn_blocking(binary).await.expect("join")?;
+//! let processor = ProcessorChild::spawn(&bin, "/tmp/gate/processor.db").await?;
+//! // Start the server under test with processor.base_url(), send a payment,
+//! // crash the server, restart it, retry with the same key; then:
+//! let state = processor.client().charges().await?;
+//! assert_eq!(state.count, 1, "exactly one charge");
+//! assert!(state.calls_for("outbound-key") <= 2, "at most one repeated call");
+//! # Ok(()) }
+//! ```
 
 mod child;
 mod client;
@@ -47,7 +65,7 @@ mod model;
 mod server;
 mod store;
 
-pub use child::{DEFAULT_START_TIMEOUT, ProcessorChild, spawn_child};
+pub use child::{BINARY_ENV, DEFAULT_START_TIMEOUT, ProcessorChild, binary, spawn_child};
 pub use client::{ChargeOutcome, ProcessorClient};
 pub use error::Error;
 pub use model::{

@@ -111,3 +111,18 @@ async fn start_up_failures_are_reported_not_hung_on() {
     assert!(matches!(err, Error::ChildExited { .. }), "{err}");
     first.client().health().await.unwrap();
 }
+
+#[tokio::test]
+async fn other_crates_find_the_same_binary_through_cargo() {
+    let found = tokio::task::spawn_blocking(idem_fake_processor::binary)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        std::fs::canonicalize(&found).unwrap(),
+        std::fs::canonicalize(BIN).unwrap()
+    );
+    let dir = TempDir::new();
+    let child = ProcessorChild::spawn(&found, dir.db()).await.unwrap();
+    child.client().health().await.unwrap();
+}
