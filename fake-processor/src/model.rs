@@ -119,9 +119,11 @@ impl ChargeList {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Fault {
-    /// Create the charge as declined: a stored, final 402.
+    /// Create the charge as declined: a stored, final 402. A key that
+    /// already has a charge replays it instead, as any repeat does.
     Decline,
-    /// Answer 503 with `Retry-After`, storing nothing but the call count.
+    /// Answer 503 with `Retry-After`, storing nothing but the call count,
+    /// even for a key that already has a charge: the processor is down.
     Unavailable,
 }
 

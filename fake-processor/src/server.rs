@@ -251,10 +251,32 @@ async fn reset_control(State(p): State<Processor>) -> Json<ControlState> {
     Json(p.inner.control.reset())
 }
 
-/// `POST /charges`. Order matters and is part of the contract of this
-/// double: key, then the call count (so every call with a key is counted),
-/// then the behaviour, then the body, then the atomic claim, then the delay.
+/// `POST /charges`.
+///
+/// The work runs on its own task because hyper drops a handler's future
+/// when the caller hangs up, and a real processor does not abandon a charge
+/// half-way because its client timed out. Only the `slow` delay, which comes
+/// after the outcome is recorded, is cut short by a disconnect.
 async fn create_charge(State(p): State<Processor>, headers: HeaderMap, body: Bytes) -> Response {
+    let (response, delay_ms) = match tokio::spawn(handle_charge(p, headers, body)).await {
+        Ok(done) => done,
+        Err(join) => {
+            tracing::error!(error = %join, "charge task failed");
+            let err = Error::Io(std::io::Error::other(join));
+            (internal(&err), 0)
+        }
+    };
+    if delay_ms > 0 {
+        tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+    }
+    response
+}
+
+/// The charge itself, returning the answer and the delay to apply. Order
+/// matters and is part of this double's contract: key, then the call count
+/// (so every call with a valid key is counted), then the behaviour, then the
+/// body, then the atomic claim.
+async fn handle_charge(p: Processor, headers: HeaderMap, body: Bytes) -> (Response, u64) {
     let key = match IdempotencyKey::from_header_values(
         headers
             .get_all(IDEMPOTENCY_KEY)
@@ -263,16 +285,14 @@ async fn create_charge(State(p): State<Processor>, headers: HeaderMap, body: Byt
     ) {
         Ok(k) => k,
         Err(idem_spec::Error::KeyMissing) => {
-            return problem(
-                ErrorCode::IdempotencyKeyMissing,
-                "POST /charges requires an Idempotency-Key header",
-            );
+            let detail = "POST /charges requires an Idempotency-Key header";
+            return (problem(ErrorCode::IdempotencyKeyMissing, detail), 0);
         }
-        Err(e) => return problem(ErrorCode::IdempotencyKeyInvalid, e.to_string()),
+        Err(e) => return (problem(ErrorCode::IdempotencyKeyInvalid, e.to_string()), 0),
     };
     let calls = match p.inner.store.count_call(key.as_str()).await {
         Ok(n) => n,
-        Err(e) => return internal(&e),
+        Err(e) => return (internal(&e), 0),
     };
     let behavior = match headers.get(BEHAVIOR_HEADER) {
         None => p.inner.control.take(),
@@ -282,15 +302,14 @@ async fn create_charge(State(p): State<Processor>, headers: HeaderMap, body: Byt
             .and_then(Behavior::parse_header)
         {
             Ok(b) => b,
-            Err(e) => return problem(ErrorCode::ValidationFailed, e.to_string()),
+            Err(e) => return (problem(ErrorCode::ValidationFailed, e.to_string()), 0),
         },
     };
     tracing::info!(key = %key, calls, behavior = %behavior, "charge call");
-    let response = charge_outcome(&p, &key, behavior, &body).await;
-    if behavior.delay_ms > 0 {
-        tokio::time::sleep(Duration::from_millis(behavior.delay_ms)).await;
-    }
-    response
+    (
+        charge_outcome(&p, &key, behavior, &body).await,
+        behavior.delay_ms,
+    )
 }
 
 async fn charge_outcome(
