@@ -100,7 +100,8 @@ pub struct RetryReport {
     pub budget_left: Option<u32>,
 }
 
-/// The retry middleware. Clone-free by design: build one per client and share the client.
+/// The retry middleware. Build one per client: every request through that client shares its
+/// budget and its seed stream.
 pub struct RetryMiddleware {
     policy: RetryPolicy,
     budget: Option<RetryBudget>,

@@ -24,7 +24,7 @@ use idem_spec::{ErrorCode, Profile};
 use serde::{Deserialize, Serialize};
 
 use crate::backoff::Backoff;
-use crate::budget::{BudgetConfig, RetryBudget, RetryClass};
+use crate::budget::{RetryBudget, RetryClass};
 use crate::rng::SplitMix64;
 
 /// The default overall deadline of one logical operation, when the caller sets none.
@@ -453,11 +453,6 @@ impl RetryPolicy {
             budget_left,
             remaining_after_sleep: remaining - delay,
         })
-    }
-
-    /// The budget parameters this policy expects by default, for convenience.
-    pub fn default_budget() -> BudgetConfig {
-        BudgetConfig::default()
     }
 }
 

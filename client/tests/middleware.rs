@@ -432,3 +432,35 @@ async fn an_empty_shared_budget_stops_retries_across_requests() {
     );
     assert_eq!(keys(&script).len(), 4);
 }
+
+// clause: idem.client.deadline
+#[tokio::test]
+async fn a_deadline_already_passed_sends_nothing() {
+    let (url, script) = serve(vec![answer(200)]).await;
+    let clock = ManualClock::default();
+    let client = client(RetryMiddleware::default().with_clock(clock.clone()));
+    // A deadline handed down from a caller whose own budget is spent.
+    let at = idem_client::Clock::now(&clock);
+    clock.advance(Duration::from_millis(1));
+    let err = client
+        .post(&url)
+        .with_extension(Deadline::At(at))
+        .body("{}")
+        .send()
+        .await
+        .expect_err("no time left");
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("expected a middleware error, got {err:?}")
+    };
+    assert!(
+        matches!(
+            e.downcast_ref::<Error>(),
+            Some(Error::DeadlineExceeded {
+                attempt: 1,
+                key: Some(_)
+            })
+        ),
+        "{e:?}"
+    );
+    assert!(keys(&script).is_empty());
+}

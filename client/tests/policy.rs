@@ -274,6 +274,15 @@ fn committed_vectors_match_the_code() {
         .find(|s| s.jitter == Jitter::Full && s.seed == 42 && s.base_us == 500_000)
         .expect("default schedule present");
     assert_eq!(&v.delays_us[..2], &[741_564, 319_820]);
+
+    let table = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(vectors::SCHEDULE_TABLE_PATH);
+    assert!(
+        std::fs::read_to_string(&table).ok() == Some(vectors::schedule_markdown()),
+        "{} is stale: run `cargo run -p idem-client --bin idem-client-vectors`",
+        table.display()
+    );
 }
 
 // clause: idem.client.retry-after

@@ -1,16 +1,25 @@
-//! Writes the golden backoff schedules to `client/vectors/backoff.json` (or the path given).
+//! Writes the golden backoff schedules to `client/vectors/backoff.json` and the book's worked
+//! schedule to `book/src/sim/backoff-schedule.md`.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 
 fn main() -> anyhow::Result<()> {
-    let path = std::env::args_os().nth(1).map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("vectors/backoff.json"),
-        PathBuf::from,
-    );
-    std::fs::write(&path, idem_client::vectors::render())
-        .with_context(|| format!("writing {}", path.display()))?;
-    println!("wrote {}", path.display());
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    for (rel, text) in [
+        (
+            idem_client::vectors::VECTORS_PATH,
+            idem_client::vectors::render(),
+        ),
+        (
+            idem_client::vectors::SCHEDULE_TABLE_PATH,
+            idem_client::vectors::schedule_markdown(),
+        ),
+    ] {
+        let path = root.join(rel);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {rel}");
+    }
     Ok(())
 }
