@@ -6,9 +6,17 @@
 //! it can least absorb it. A budget shared across requests measures the client's *recent* failure
 //! rate instead: while failures are rare it permits retries freely, and once they dominate it
 //! stops retrying, so the load the client offers falls back to about one attempt per call.
-//! Brooker's later writing on retries makes the same argument: backoff alone does not shrink total
-//! work when clients keep arriving, only limiting the number of retries does. `idem-sim`'s outage
-//! scenario shows both fleets side by side.
+//!
+//! Marc Brooker's later posts make the argument this module rests on. In "What is Backoff For?"
+//! (2022, <https://brooker.co.za/blog/2022/08/11/backoff.html>) he separates closed systems,
+//! where a fixed set of clients waits for answers and backing off really lowers the load, from
+//! open ones, where new work keeps arriving regardless: there backoff only delays retries, it
+//! does not remove any, so it cannot pull an overloaded service back. In "Fixing retries with
+//! token buckets and circuit breakers" (2022, <https://brooker.co.za/blog/2022/02/28/retries.html>)
+//! he compares "N retries" with a token bucket: at a low failure rate the two behave alike, but
+//! when everything fails, N retries multiplies the work by N + 1 while the bucket settles at a
+//! small fraction of a retry per call. A fixed retry count is a per-call promise; a budget is a
+//! promise about the whole client. `idem-sim`'s outage scenario shows both fleets side by side.
 //!
 //! The numbers follow the AWS SDKs' 2026 "standard" mode (clause `idem.client.budget`): capacity
 //! 500, a transient-error retry costs 14, a throttling retry costs 5 (throttling says "the server
