@@ -10,6 +10,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use support::*;
 
+/// (name, content type, body, expected status, expected code)
+type Case = (&'static str, Option<&'static str>, Vec<u8>, u16, &'static str);
+
 fn raw(token: &str, key: &str, content_type: Option<&str>, body: Vec<u8>) -> Request<Body> {
     let mut b = Request::post("/v1/transfers")
         .header("authorization", format!("Bearer {token}"))
@@ -31,7 +34,8 @@ async fn each_bad_input_gets_its_problem_and_changes_nothing() {
         r#"{{"from":"acc_alice_main","to":"acc_alice_savings","amount":1,"memo":"{}"}}"#,
         "x".repeat(70 * 1024)
     );
-    let cases: Vec<(&str, Option<&str>, Vec<u8>, u16, &str)> = vec![
+    // (name, content type, body, expected status, expected code)
+    let cases: Vec<Case> = vec![
         (
             "malformed",
             json,
