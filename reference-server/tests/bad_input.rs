@@ -11,7 +11,13 @@ use proptest::test_runner::{Config, TestRunner};
 use support::*;
 
 /// (name, content type, body, expected status, expected code)
-type Case = (&'static str, Option<&'static str>, Vec<u8>, u16, &'static str);
+type Case = (
+    &'static str,
+    Option<&'static str>,
+    Vec<u8>,
+    u16,
+    &'static str,
+);
 
 fn raw(token: &str, key: &str, content_type: Option<&str>, body: Vec<u8>) -> Request<Body> {
     let mut b = Request::post("/v1/transfers")
