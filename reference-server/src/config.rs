@@ -193,3 +193,55 @@ impl Cli {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_arguments_means_the_documented_defaults() {
+        let cli = Cli::from_args(["idem-server"]).expect("parse");
+        assert_eq!(cli.listen, "127.0.0.1:8080");
+        assert_eq!(cli.database_url, "sqlite://idem.db");
+        assert_eq!(cli.profile, Profile::Reference);
+        assert!(!cli.test_hooks, "test hooks are off by default");
+        let tokens = cli.token_map().expect("tokens");
+        assert_eq!(tokens.get("demo-alice").map(String::as_str), Some("alice"));
+        assert_eq!(tokens.get("demo-bob").map(String::as_str), Some("bob"));
+        let policy = cli.engine_config().expect("config").policy();
+        assert_eq!(policy, idem_spec::Policy::default());
+    }
+
+    #[test]
+    fn tokens_from_flags_and_file_replace_the_demo_ones() {
+        let path = std::env::temp_dir().join(format!("idem-tokens-{}.toml", uuid::Uuid::new_v4()));
+        std::fs::write(&path, "[tokens]\n\"s3cret\" = \"carol\"\n").expect("write");
+        let cli = Cli::from_args([
+            "idem-server",
+            "--token",
+            "t1=dave",
+            "--tokens-file",
+            path.to_str().expect("utf-8 path"),
+        ])
+        .expect("parse");
+        let tokens = cli.token_map().expect("tokens");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(tokens.len(), 2);
+        assert_eq!(tokens["t1"], "dave");
+        assert_eq!(tokens["s3cret"], "carol");
+        let bad = Cli::from_args(["idem-server", "--token", "t=Not Valid"]).expect("parse");
+        assert!(bad.token_map().is_err());
+        assert!(Cli::from_args(["idem-server", "--profile", "nope"]).is_err());
+        let short = Cli::from_args(["idem-server", "--retention-secs", "10"]).expect("parse");
+        assert!(
+            short.engine_config().is_err(),
+            "retention shorter than the window"
+        );
+    }
+
+    #[cfg(not(feature = "flaws"))]
+    #[test]
+    fn flaws_do_not_exist_in_a_normal_build() {
+        assert!(Cli::from_args(["idem-server", "--flaw", "global-keys"]).is_err());
+    }
+}

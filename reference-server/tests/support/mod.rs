@@ -242,6 +242,8 @@ pub struct Gate {
     pub entered: mpsc::UnboundedSender<usize>,
     pub release: Arc<Semaphore>,
     pub status: Arc<std::sync::Mutex<u16>>,
+    /// Whether each execution writes (+1 on the caller's main account).
+    pub writes: Arc<std::sync::atomic::AtomicBool>,
 }
 
 pub struct GateHandle {
@@ -262,6 +264,9 @@ impl GateHandle {
             .expect("an execution should have started")
             .expect("gate open")
     }
+    pub fn set_writes(&self, w: bool) {
+        self.gate.writes.store(w, Ordering::SeqCst);
+    }
     pub fn set_status(&self, s: u16) {
         *self.gate.status.lock().unwrap() = s;
     }
@@ -273,7 +278,7 @@ async fn gated(
     caller: idem_server::Caller,
 ) -> Result<(StatusCode, HeaderMap, String), idem_server::Error> {
     let n = gate.executions.fetch_add(1, Ordering::SeqCst) + 1;
-    {
+    if gate.writes.load(Ordering::SeqCst) {
         let mut tx = tx.lock().await?;
         with_conn!(&mut *tx, c => {
             sqlx::query("UPDATE accounts SET balance = balance + 1 WHERE id = $1")
@@ -304,6 +309,7 @@ pub fn with_gate(app: &App) -> (Router, GateHandle) {
         entered: tx,
         release: Arc::new(Semaphore::new(0)),
         status: Arc::new(std::sync::Mutex::new(201)),
+        writes: Arc::new(std::sync::atomic::AtomicBool::new(true)),
     };
     let layer = IdempotencyLayer::new(app.state.engine.clone()).replay_header("x-execution");
     let gated_routes = Router::new()
