@@ -97,6 +97,7 @@ pub fn router(state: AppState) -> Router {
     app.fallback(|| async { Error::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
         .with_state(state)
+        .layer(tower_http::trace::TraceLayer::new_for_http())
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             with_profile(profile, async move { next.run(req).await })
         }))
@@ -141,6 +142,12 @@ fn announce(addr: SocketAddr, cli: &Cli, state: &AppState) {
     // The first line is the contract with child-process users: keep its shape.
     let _ = writeln!(out, "listening on {base}");
     let tokens: Vec<_> = state.tokens.iter().collect();
+    // Demo tokens are public by design; configured ones are secrets and are
+    // never printed.
+    let demo = tokens.len() == crate::config::DEMO_TOKENS.len()
+        && crate::config::DEMO_TOKENS
+            .iter()
+            .all(|(t, c)| state.tokens.get(*t).map(String::as_str) == Some(*c));
     let _ = writeln!(
         out,
         "idem-server: {} store ({}), profile {}, replay window {} s, retention {} s",
@@ -151,9 +158,15 @@ fn announce(addr: SocketAddr, cli: &Cli, state: &AppState) {
         cli.retention_secs
     );
     for (token, caller) in &tokens {
-        let _ = writeln!(out, "  caller {caller}: Authorization: Bearer {token}");
+        let shown = if demo {
+            token.as_str()
+        } else {
+            "<token from your configuration>"
+        };
+        let _ = writeln!(out, "  caller {caller}: Authorization: Bearer {shown}");
     }
     if let Some((token, caller)) = tokens.first() {
+        let token = if demo { token.as_str() } else { "$TOKEN" };
         let _ = writeln!(
             out,
             "\nTry it (run the POST twice: the second answer is a replay, and the balance moves once):\n\

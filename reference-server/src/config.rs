@@ -51,7 +51,7 @@ pub struct Cli {
     #[arg(long = "token", value_name = "TOKEN=CALLER")]
     pub tokens: Vec<String>,
 
-    /// A TOML file with a [tokens] table mapping each token to its caller.
+    /// A TOML file with a `[tokens]` table mapping each token to its caller.
     #[arg(long, value_name = "PATH")]
     pub tokens_file: Option<PathBuf>,
 

@@ -237,9 +237,10 @@ impl<K: KeyStore> Engine<K> {
         // lost a claim race to a request that committed meanwhile, which the
         // next read will replay.
         let mut taken_races = 0u32;
+        let mut waited = false;
         for _ in 0..10_000 {
             let now = self.clock.now_ms();
-            let in_flight = match self.classify(&req, now).await? {
+            let in_flight = match self.classify(&req, now, waited).await? {
                 Step::Replay(r) => return Ok(r),
                 Step::InFlight(entry) => entry,
                 Step::Claimable => {
@@ -280,6 +281,7 @@ impl<K: KeyStore> Engine<K> {
             }
             self.wait_or_conflict(&req, deadline, in_flight.as_deref())
                 .await?;
+            waited = true;
         }
         Err(self.in_use())
     }
@@ -316,7 +318,8 @@ impl<K: KeyStore> Engine<K> {
     }
 
     /// The one read that decides a replay (or a mismatch, or in flight).
-    async fn classify(&self, req: &Pending, now: Millis) -> Result<Step> {
+    /// For a replay this read is the whole cost: no transaction, no lock.
+    async fn classify(&self, req: &Pending, now: Millis, waited: bool) -> Result<Step> {
         let Some(rec) = self.store.lookup(&req.caller, &req.key).await? else {
             return Ok(Step::Claimable);
         };
@@ -330,7 +333,9 @@ impl<K: KeyStore> Engine<K> {
                 let stored = rec.response.ok_or_else(|| {
                     Error::Internal("complete key without a stored response".into())
                 })?;
-                Ok(Step::Replay(self.replay(&stored, req.wait)))
+                Ok(Step::Replay(
+                    self.replay(&stored, req.wait.filter(|_| waited)),
+                ))
             }
             // A committed in-flight record: a multi-step request between
             // phases. It is someone else's while its lease lasts.
@@ -402,12 +407,31 @@ impl<K: KeyStore> Engine<K> {
     {
         let slot = IdemTx::new(claimed.tx);
         parts.extensions.insert(slot.clone());
-        let response = call(
-            inner,
-            Request::from_parts(parts, Body::from(req.body.clone())),
+        // A single-phase request may not hold its key longer than its lease:
+        // past it, the endpoint's future is dropped, its writes are rolled
+        // back with the claim and the client gets a retryable 500. (On SQLite
+        // this also bounds how long one request can hold the writer.)
+        let response = tokio::time::timeout(
+            self.config.lease,
+            call(
+                inner,
+                Request::from_parts(parts, Body::from(req.body.clone())),
+            ),
         )
         .await;
         let tx = slot.take().await;
+        let response = match response {
+            Ok(r) => r,
+            Err(_) => {
+                if let Some(tx) = tx {
+                    self.store.abandon(tx).await?;
+                }
+                return Err(Error::Internal(format!(
+                    "the endpoint did not finish within its lease of {} s",
+                    self.config.lease.as_secs()
+                )));
+            }
+        };
         let (resp_parts, resp_body) = response.into_parts();
         let Some(tx) = tx else {
             return Err(Error::Internal(

@@ -60,12 +60,13 @@
 //! }
 //!
 //! # async fn build() -> Result<(), Error> {
-//! let store = Store::connect("sqlite::memory:", 1).await?;
+//! let store = Store::connect("sqlite::memory:", 1).await?; // migrates too
 //! let engine = Engine::new(store, Arc::new(idem_server::clock::SystemClock), EngineConfig::default());
 //! let idempotency = IdempotencyLayer::new(engine).replay_header("x-credit-id");
 //! let app: Router = Router::new().route("/v1/credits", post(add_credit).layer(idempotency));
 //! // ...then add your authentication layer (inserting `Caller`) outside it.
 //! # let _ = app; Ok(()) }
+//! # tokio::runtime::Runtime::new().map_err(Error::Io).and_then(|rt| rt.block_on(build())).map_err(|e| e.to_string()).unwrap();
 //! ```
 
 use std::convert::Infallible;

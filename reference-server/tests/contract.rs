@@ -624,3 +624,26 @@ async fn openapi_publishes_the_idempotency_surface(b: Backend) {
     assert!(doc["paths"]["/v1/transfers"]["get"]["parameters"].is_null());
 }
 both!(openapi_publishes_the_idempotency_surface);
+
+// clause: idem.failure.5xx-not-stored, idem.claim.transactional
+async fn an_endpoint_that_outlives_its_lease_is_cut_off_and_releases_the_key(b: Backend) {
+    let db = db!(b, "lease");
+    let app = app(&db, &["--lease-secs", "1"]).await;
+    let (r, mut gate) = with_gate(&app);
+    // Never released: the endpoint hangs past its 1 s lease.
+    let stuck = send(&r, gated_req("demo-alice", "slow", "{}")).await;
+    assert_eq!(gate.wait_entered().await, 1);
+    assert_eq!(stuck.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(stuck.problem_code(), "internal_error");
+    assert_eq!(
+        balances(&r, "alice").await,
+        (100_000, 100_000),
+        "its write rolled back"
+    );
+    gate.release(1);
+    let retry = send(&r, gated_req("demo-alice", "slow", "{}")).await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(balances(&r, "alice").await, (100_001, 100_000));
+}
+both!(an_endpoint_that_outlives_its_lease_is_cut_off_and_releases_the_key);

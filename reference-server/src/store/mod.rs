@@ -18,6 +18,16 @@
 //! `generation` (the fencing token), plus the request itself so a completer
 //! can finish an abandoned request.
 //!
+//! ## Multi-step requests (built on this, later)
+//!
+//! A phase commit is the same shape as [`KeyStore::complete`]: an `UPDATE`
+//! of `recovery_point` and a fresh `lease_expires_at`, guarded by
+//! `generation = $current`, committed with the phase's writes; a refused
+//! guard is [`Error::Fenced`]. Taking over an expired lease is the claim
+//! statement with its `WHERE` widened to any recovery point (bumping the
+//! generation and returning the point to resume from); the schema already
+//! holds every column this needs, including the original request.
+//!
 //! ## Costs (the design target of clause `idem.claim.transactional`)
 //!
 //! - A replay is one primary-key read ([`KeyStore::lookup`]), no transaction.
