@@ -21,7 +21,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -117,6 +117,7 @@ pub struct Engine<K: KeyStore> {
     clock: Arc<dyn Clock>,
     config: Arc<EngineConfig>,
     registry: Arc<Registry>,
+    waiting: Arc<AtomicUsize>,
 }
 
 impl<K: KeyStore> Engine<K> {
@@ -127,6 +128,7 @@ impl<K: KeyStore> Engine<K> {
             clock,
             config: Arc::new(config),
             registry: Arc::new(Registry::default()),
+            waiting: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -143,6 +145,12 @@ impl<K: KeyStore> Engine<K> {
     /// The clock.
     pub fn clock(&self) -> &Arc<dyn Clock> {
         &self.clock
+    }
+
+    /// How many duplicates `Prefer: wait` is holding right now: a gauge for
+    /// metrics, and what tests watch to know a duplicate is really waiting.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
     }
 
     /// Serves one request on an idempotent endpoint: replays, rejects, waits
@@ -369,6 +377,9 @@ impl<K: KeyStore> Engine<K> {
             return Err(self.in_use());
         }
         let remaining = deadline - now;
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        // Decremented on every exit, including a dropped request.
+        let _gauge = Gauge(&self.waiting);
         match entry {
             Some(entry) => {
                 // Register interest *before* checking `done`, so a holder that
@@ -726,5 +737,13 @@ impl Drop for RegistryGuard {
         drop(map);
         self.entry.done.store(true, Ordering::Release);
         self.entry.notify.notify_waiters();
+    }
+}
+
+struct Gauge<'a>(&'a AtomicUsize);
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -352,9 +352,16 @@ async fn prefer_wait_holds_the_duplicate_then_replays(b: Backend) {
             .insert("prefer", "wait=10".parse().unwrap());
         send(&r2, req).await
     });
-    // Nothing replays until the original finishes: the waiter is held.
-    tokio::task::yield_now().await;
-    assert!(!waiter.is_finished());
+    // Readiness: wait (bounded) until the engine reports the duplicate held.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while app.state.engine.waiting() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the duplicate never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(!waiter.is_finished(), "held while the original runs");
     gate.release(1);
     let first = original.await.unwrap();
     let waited = tokio::time::timeout(Duration::from_secs(10), waiter)
@@ -471,13 +478,16 @@ async fn a_request_that_dies_mid_execution_leaves_nothing(b: Backend) {
     doomed.abort();
     assert!(doomed.await.unwrap_err().is_cancelled());
     // Neither the write nor the claim survived; the key executes afresh.
+    // The dropped transaction's rollback reaches the database asynchronously
+    // (when its connection goes back to the pool); until then PostgreSQL
+    // still reports the key in flight, so the retry asks to wait for it.
     gate.release(1);
-    let retry = tokio::time::timeout(
-        Duration::from_secs(20),
-        send(&r, gated_req("demo-alice", "crash", "{}")),
-    )
-    .await
-    .expect("retry finishes");
+    let mut req = gated_req("demo-alice", "crash", "{}");
+    req.headers_mut()
+        .insert("prefer", "wait=10".parse().unwrap());
+    let retry = tokio::time::timeout(Duration::from_secs(20), send(&r, req))
+        .await
+        .expect("retry finishes");
     assert_eq!(retry.status, StatusCode::CREATED);
     assert!(!retry.replayed());
     assert_eq!(gate.executions(), 2);
