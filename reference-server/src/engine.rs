@@ -341,6 +341,7 @@ impl<K: KeyStore> Engine<K> {
                 let stored = rec.response.ok_or_else(|| {
                     Error::Internal("complete key without a stored response".into())
                 })?;
+                tracing::debug!(caller = %req.caller, key = %req.key, status = stored.status, "replay");
                 Ok(Step::Replay(
                     self.replay(&stored, req.wait.filter(|_| waited)),
                 ))
@@ -374,6 +375,7 @@ impl<K: KeyStore> Engine<K> {
     ) -> Result<()> {
         let now = Instant::now();
         if req.wait.is_none() || now >= deadline {
+            tracing::debug!(caller = %req.caller, key = %req.key, "in flight: 409");
             return Err(self.in_use());
         }
         let remaining = deadline - now;
@@ -416,6 +418,7 @@ impl<K: KeyStore> Engine<K> {
         S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send,
         S::Future: Send,
     {
+        tracing::debug!(caller = %req.caller, key = %req.key, generation = claimed.generation, "claimed; executing");
         let slot = IdemTx::new(claimed.tx);
         parts.extensions.insert(slot.clone());
         // A single-phase request may not hold its key longer than its lease:
@@ -479,6 +482,7 @@ impl<K: KeyStore> Engine<K> {
             // claim together, so the key is absent again and a retry with the
             // same key executes afresh (clause idem.failure.5xx-not-stored).
             self.store.abandon(tx).await?;
+            tracing::info!(caller = %req.caller, key = %req.key, status, "server error: rolled back, key released");
         }
         drop(guard);
         Ok(Response::from_parts(resp_parts, Body::from(body)))

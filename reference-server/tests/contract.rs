@@ -144,6 +144,16 @@ async fn complete_key_replays_byte_for_byte(b: Backend) {
     }
     assert_eq!(balances(r, "alice").await, (99_750, 100_250));
     assert_eq!(transfer_count(r, "alice").await, 1);
+    // The effect probe black-box testers use: count transfers by memo.
+    let marked =
+        r#"{"from":"acc_alice_main","to":"acc_alice_savings","amount":1,"memo":"run-7f3"}"#;
+    for _ in 0..2 {
+        send(r, transfer("demo-alice", Some("marked"), marked)).await;
+    }
+    let probe = send(r, get("demo-alice", "/v1/transfers?memo=run-7f3")).await;
+    assert_eq!(probe.json()["count"], 1);
+    let bad = send(r, get("demo-alice", "/v1/transfers?colour=red")).await;
+    assert_eq!(bad.problem_code(), "validation_failed");
 }
 both!(complete_key_replays_byte_for_byte);
 
@@ -631,7 +641,11 @@ async fn openapi_publishes_the_idempotency_surface(b: Backend) {
     assert!(doc["components"]["schemas"]["Problem"].is_object());
     assert!(doc["components"]["schemas"]["NewTransfer"].is_object());
     // GET endpoints take no key.
-    assert!(doc["paths"]["/v1/transfers"]["get"]["parameters"].is_null());
+    let get_params = doc["paths"]["/v1/transfers"]["get"]["parameters"]
+        .as_array()
+        .unwrap();
+    assert!(get_params.iter().all(|p| p["name"] != "Idempotency-Key"));
+    assert!(get_params.iter().any(|p| p["name"] == "memo"));
 }
 both!(openapi_publishes_the_idempotency_surface);
 

@@ -225,20 +225,42 @@ pub async fn create_transfer(
 const SELECT_TRANSFERS: &str = "SELECT id, from_account, to_account, amount, memo, created_at \
      FROM transfers WHERE owner = $1";
 
+/// Filters for `GET /v1/transfers`.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct TransferFilter {
+    /// Only transfers whose memo is exactly this: an effect probe for
+    /// black-box testers, who put a run-unique marker in the memo and count
+    /// how many transfers carry it.
+    pub memo: Option<String>,
+}
+
 /// Lists the caller's transfers.
 #[utoipa::path(
     get,
     path = "/v1/transfers",
     tag = "transfers",
+    params(TransferFilter),
     responses((status = 200, description = "The caller's transfers, oldest first.", body = TransferList)),
     security(("bearer" = []))
 )]
 pub async fn list_transfers(
     State(app): State<AppState>,
     caller: Caller,
+    filter: Result<axum::extract::Query<TransferFilter>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<TransferList>> {
-    let sql = format!("{SELECT_TRANSFERS} ORDER BY created_at, id");
-    let transfers = fetch(&app, &sql, &caller.0, None).await?;
+    let axum::extract::Query(filter) =
+        filter.map_err(|e| Error::Validation(format!("invalid query: {}", e.body_text())))?;
+    let transfers = match &filter.memo {
+        Some(memo) => {
+            let sql = format!("{SELECT_TRANSFERS} AND memo = $2 ORDER BY created_at, id");
+            fetch(&app, &sql, &caller.0, Some(memo)).await?
+        }
+        None => {
+            let sql = format!("{SELECT_TRANSFERS} ORDER BY created_at, id");
+            fetch(&app, &sql, &caller.0, None).await?
+        }
+    };
     Ok(Json(TransferList {
         count: transfers.len(),
         transfers,
@@ -271,11 +293,17 @@ pub async fn get_transfer(
         .ok_or_else(|| Error::NotFound(format!("no transfer {id:?}")))
 }
 
-async fn fetch(app: &AppState, sql: &str, owner: &str, id: Option<&str>) -> Result<Vec<Transfer>> {
+/// Runs a transfer query bound to the owner and, when given, one more value.
+async fn fetch(
+    app: &AppState,
+    sql: &str,
+    owner: &str,
+    second: Option<&str>,
+) -> Result<Vec<Transfer>> {
     with_pool!(&app.store, p => {
         let mut q = sqlx::query(sql).bind(owner);
-        if let Some(id) = id {
-            q = q.bind(id);
+        if let Some(v) = second {
+            q = q.bind(v);
         }
         let rows = q.fetch_all(p).await?;
         let mut out = Vec::with_capacity(rows.len());
