@@ -22,8 +22,23 @@
 //! Flags (`--help` lists them all): `--listen`, `--database-url`,
 //! `--profile`, `--token TOKEN=CALLER`, `--tokens-file`,
 //! `--replay-window-secs`, `--retention-secs`, `--lease-secs`,
-//! `--max-wait-secs`, `--reaper-interval-secs`, `--max-body-bytes`,
-//! `--test-hooks`, and with the `flaws` feature `--flaw NAME`.
+//! `--retry-after-secs`, `--max-wait-secs`, `--reaper-interval-secs`,
+//! `--max-body-bytes`, `--max-connections`, `--test-hooks`, and with the
+//! `flaws` feature `--flaw NAME` (see [`flaws::Flaw`]).
+//!
+//! ## The HTTP surface
+//!
+//! | Route | Auth | What |
+//! |---|---|---|
+//! | `POST /v1/transfers` | bearer | idempotent; `{"from","to","amount","memo"?}` → 201 |
+//! | `GET /v1/transfers[?memo=M]` | bearer | the caller's transfers and their `count` |
+//! | `GET /v1/transfers/{id}`, `GET /v1/accounts[/{id}]` | bearer | reads |
+//! | `GET /healthz` | none | 200 when serving |
+//! | `GET /openapi.json` | none | the document, with `x-idempotency` |
+//! | `POST /_test/clock` `{"advance_secs":N}`, `POST /_test/reap` | none | only with `--test-hooks` |
+//!
+//! Every demo caller `C` owns `acc_C_main` and `acc_C_savings`, seeded with
+//! 100000 minor units each at first start.
 
 pub mod api;
 pub mod app;

@@ -241,6 +241,21 @@ async fn gate_two_processes_sharing_one_postgres_database() {
     drop((a.child, b.child));
 }
 
+// clause: idem.concurrency.single-effect, idem.claim.atomic
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gate_two_processes_sharing_one_sqlite_file() {
+    // Not a deployment we recommend (one writer for both), but it must stay
+    // correct: the second process's claim waits for SQLite's write lock and
+    // then finds the key complete.
+    let db = TestDb::new(Backend::Sqlite, "proc-two-sqlite")
+        .await
+        .unwrap();
+    let a = Server::start(&db.url, &[]).await;
+    let b = Server::start(&db.url, &[]).await;
+    gate(&[a.base.clone(), b.base.clone()]).await;
+    drop((a.child, b.child));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_hooks_are_announced_loudly_and_move_the_clock() {
     let db = TestDb::new(Backend::Sqlite, "proc-hooks").await.unwrap();
