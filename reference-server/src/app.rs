@@ -10,12 +10,13 @@ use axum::middleware::{self, Next};
 use axum::routing::{get, post};
 use tokio::net::TcpListener;
 
-use crate::api::{AppState, accounts, auth, openapi, test_hooks, transfers};
+use crate::api::{AppState, accounts, auth, openapi, payments, test_hooks, transfers};
 use crate::clock::{AdjustableClock, Clock, SystemClock};
 use crate::config::Cli;
 use crate::engine::Engine;
 use crate::error::{Error, Result, with_profile};
 use crate::layer::IdempotencyLayer;
+use crate::multistep::MultiStepEndpoint;
 use crate::store::Store;
 
 /// A built application: the router and the state behind it.
@@ -41,6 +42,20 @@ pub async fn build(cli: &Cli) -> Result<App> {
         (Arc::new(SystemClock), None)
     };
     let engine = Engine::new(store.clone(), clock.clone(), config);
+    let mut multistep = Vec::new();
+    if let Some(url) = &cli.processor_url {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(cli.processor_timeout_secs.max(1)))
+            .build()
+            .map_err(|e| Error::Config(format!("processor HTTP client: {e}")))?;
+        let client = idem_fake_processor::ProcessorClient::with_http(http, url.as_str());
+        multistep.push(MultiStepEndpoint::new(
+            engine.clone(),
+            "POST",
+            "/v1/payments",
+            payments::Payments::new(client),
+        ));
+    }
     let state = AppState {
         store,
         engine,
@@ -48,6 +63,7 @@ pub async fn build(cli: &Cli) -> Result<App> {
         test_clock,
         tokens: Arc::new(tokens),
         profile: cli.profile,
+        multistep: Arc::new(multistep),
     };
     Ok(App {
         router: router(state.clone()),
@@ -58,13 +74,29 @@ pub async fn build(cli: &Cli) -> Result<App> {
 /// The routes. Only `POST /v1/transfers` is idempotent; reads are not.
 pub fn router(state: AppState) -> Router {
     let idempotency = IdempotencyLayer::new(state.engine.clone());
+    // The multi-step route: its own driver, or a 503 explaining that no
+    // processor is configured (answered before any key is touched).
+    let payments_route = match state.multistep.first() {
+        Some(endpoint) => {
+            let endpoint = endpoint.clone();
+            post(move |req: Request| {
+                let endpoint = endpoint.clone();
+                async move { endpoint.handle(req).await }
+            })
+        }
+        None => post(payments::not_configured),
+    };
     let api = Router::new()
+        .route("/v1/payments", payments_route)
         .route(
             "/v1/transfers",
             post(transfers::create_transfer).layer(idempotency),
         )
         .route("/v1/transfers", get(transfers::list_transfers))
         .route("/v1/transfers/{id}", get(transfers::get_transfer))
+        .route("/v1/payments", get(payments::list_payments))
+        .route("/v1/payments/{id}", get(payments::get_payment))
+        .route("/v1/receipts", get(payments::list_receipts))
         .route("/v1/accounts", get(accounts::list_accounts))
         .route("/v1/accounts/{id}", get(accounts::get_account))
         .route_layer(middleware::from_fn_with_state(
@@ -91,7 +123,11 @@ pub fn router(state: AppState) -> Router {
     if state.test_clock.is_some() {
         app = app
             .route("/_test/clock", post(test_hooks::advance_clock))
-            .route("/_test/reap", post(test_hooks::reap));
+            .route("/_test/reap", post(test_hooks::reap))
+            .route("/_test/complete", post(test_hooks::complete))
+            .route("/_test/enqueue", post(test_hooks::enqueue))
+            .route("/_test/failpoints", get(test_hooks::failpoints))
+            .route("/_test/failpoints/release", post(test_hooks::release));
     }
     let profile = state.profile;
     app.fallback(|| async { Error::NotFound("no such route".into()) })
@@ -104,13 +140,15 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// Binds `cli.listen`, prints the machine-readable `listening on` line and
-/// the curl examples, starts the reaper, and serves until Ctrl-C.
+/// the curl examples, starts the background jobs (reaper, completer,
+/// enqueuer), and serves until Ctrl-C.
 pub async fn serve(cli: Cli) -> Result<()> {
     let app = build(&cli).await?;
     if cli.test_hooks {
         tracing::warn!(
-            "TEST HOOKS ARE ON: POST /_test/clock moves the server clock and POST /_test/reap \
-             deletes keys, without authentication. Never run this in production."
+            "TEST HOOKS ARE ON: /_test/* routes move the server clock, delete keys and run jobs \
+             without authentication, and the Idem-Failpoint header can abort this process. \
+             Never run this in production."
         );
     }
     let flaws = cli.flaw_set();
@@ -125,12 +163,32 @@ pub async fn serve(cli: Cli) -> Result<()> {
         app.state.clock.clone(),
         Duration::from_secs(cli.reaper_interval_secs),
     ));
+    let completer = tokio::spawn(crate::jobs::run_completer(
+        app.state.store.clone(),
+        app.state.clock.clone(),
+        app.state.multistep.clone(),
+        Duration::from_millis(cli.completer_interval_ms),
+    ));
+    let enqueuer = tokio::spawn(crate::jobs::run_enqueuer(
+        app.state.store.clone(),
+        app.state.clock.clone(),
+        Duration::from_millis(cli.enqueuer_interval_ms),
+    ));
+    tracing::info!(
+        reaper_interval_secs = cli.reaper_interval_secs,
+        completer_interval_ms = cli.completer_interval_ms,
+        enqueuer_interval_ms = cli.enqueuer_interval_ms,
+        processor = cli.processor_url.as_deref().unwrap_or("(none: /v1/payments answers 503)"),
+        "background jobs started"
+    );
     let result = axum::serve(listener, app.router)
         .with_graceful_shutdown(async {
             let _ = tokio::signal::ctrl_c().await;
         })
         .await;
     reaper.abort();
+    completer.abort();
+    enqueuer.abort();
     app.state.store.close().await;
     result.map_err(Error::Io)
 }

@@ -31,7 +31,15 @@ PostgreSQL, with an example bank API (POST /v1/transfers).\n\n\
 The first line printed on stdout is `listening on http://ADDR` (machine-readable; use \
 --listen 127.0.0.1:0 to let the OS pick a free port). GET /healthz answers 200 when ready.\n\n\
 Callers authenticate with `Authorization: Bearer TOKEN`. Without --token/--tokens-file the demo \
-tokens demo-alice (caller alice) and demo-bob (caller bob) are served."
+tokens demo-alice (caller alice) and demo-bob (caller bob) are served.\n\n\
+POST /v1/payments (the multi-step example) charges a card at the payment processor given by \
+--processor-url (e.g. `cargo run -p idem-fake-processor -- --listen 127.0.0.1:9090 --db \
+processor.db`); without it that route answers 503 upstream_unavailable explaining so. Background \
+jobs: the completer finishes abandoned multi-step requests, the enqueuer delivers staged jobs, \
+the reaper deletes keys past retention.\n\n\
+--test-hooks adds unauthenticated test routes (/_test/clock, /_test/reap, /_test/complete, \
+/_test/enqueue, /_test/failpoints) and honours the Idem-Failpoint request header \
+(crash-after=charge_created, pause-before=finished, ...). Never in production."
 )]
 pub struct Cli {
     /// Address to listen on; port 0 picks a free port (see the first stdout line).
@@ -83,11 +91,33 @@ pub struct Cli {
     #[arg(long, default_value_t = 64 * 1024)]
     pub max_body_bytes: usize,
 
+    /// How often the enqueuer delivers staged jobs, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pub enqueuer_interval_ms: u64,
+
+    /// How often the completer looks for abandoned multi-step requests
+    /// (in flight, lease expired) and finishes them, in milliseconds.
+    #[arg(long, default_value_t = 5000)]
+    pub completer_interval_ms: u64,
+
+    /// Base URL of the payment processor POST /v1/payments calls
+    /// (an idem-fake-processor). Without it, /v1/payments answers 503.
+    #[arg(long, value_name = "URL")]
+    pub processor_url: Option<String>,
+
+    /// Timeout of one call to the payment processor.
+    #[arg(long, default_value_t = 10)]
+    pub processor_timeout_secs: u64,
+
+    /// Longest a `pause-...` failpoint stalls a request (with --test-hooks).
+    #[arg(long, default_value_t = 120)]
+    pub failpoint_max_pause_secs: u64,
+
     /// Database connection pool size.
     #[arg(long, default_value_t = 10)]
     pub max_connections: u32,
 
-    /// Expose POST /_test/clock and POST /_test/reap. Never in production.
+    /// Expose the /_test/* routes and honour the Idem-Failpoint header. Never in production.
     #[arg(long)]
     pub test_hooks: bool,
 
@@ -177,6 +207,8 @@ impl Cli {
             max_wait: Duration::from_secs(self.max_wait_secs),
             max_body_bytes: self.max_body_bytes,
             flaws: self.flaw_set(),
+            failpoints: self.test_hooks,
+            failpoint_max_pause: Duration::from_secs(self.failpoint_max_pause_secs),
             ..EngineConfig::default()
         })
     }
@@ -205,6 +237,10 @@ mod tests {
         assert_eq!(cli.database_url, "sqlite://idem.db");
         assert_eq!(cli.profile, Profile::Reference);
         assert!(!cli.test_hooks, "test hooks are off by default");
+        assert!(!cli.engine_config().expect("config").failpoints);
+        assert_eq!(cli.processor_url, None, "payments are off by default");
+        assert_eq!(cli.completer_interval_ms, 5000);
+        assert_eq!(cli.enqueuer_interval_ms, 1000);
         let tokens = cli.token_map().expect("tokens");
         assert_eq!(tokens.get("demo-alice").map(String::as_str), Some("alice"));
         assert_eq!(tokens.get("demo-bob").map(String::as_str), Some("bob"));

@@ -35,9 +35,14 @@ use tokio::time::Instant;
 
 use crate::clock::{Clock, Millis};
 use crate::error::{Error, Result};
+use crate::failpoint::{FAILPOINT_HEADER, Failpoint, Failpoints};
 use crate::flaws::{Flaw, Flaws};
 use crate::layer::{Caller, IdemTx};
-use crate::store::{ClaimOutcome, ClaimRequest, Claimed, KeyStore, StoredHeader, StoredResponse};
+use crate::multistep::{Driver, Start};
+use crate::store::phases::AbandonedKey;
+use crate::store::{
+    ClaimOutcome, ClaimRequest, Claimed, KeyStore, Store, StoredHeader, StoredResponse,
+};
 
 /// Tunables of the engine. [`Default`] gives the published reference policy.
 #[derive(Debug, Clone)]
@@ -61,6 +66,10 @@ pub struct EngineConfig {
     pub max_response_bytes: usize,
     /// Deliberate flaws (empty unless built with the `flaws` feature).
     pub flaws: Flaws,
+    /// Honour the `Idem-Failpoint` header (`--test-hooks` only).
+    pub failpoints: bool,
+    /// Longest a `pause-...` failpoint stalls a request.
+    pub failpoint_max_pause: Duration,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +85,8 @@ impl Default for EngineConfig {
             max_body_bytes: 64 * 1024,
             max_response_bytes: 1024 * 1024,
             flaws: Flaws::none(),
+            failpoints: false,
+            failpoint_max_pause: Duration::from_secs(120),
         }
     }
 }
@@ -118,18 +129,31 @@ pub struct Engine<K: KeyStore> {
     config: Arc<EngineConfig>,
     registry: Arc<Registry>,
     waiting: Arc<AtomicUsize>,
+    failpoints: Arc<Failpoints>,
 }
 
 impl<K: KeyStore> Engine<K> {
     /// An engine over `store`, reading time from `clock`.
     pub fn new(store: K, clock: Arc<dyn Clock>, config: EngineConfig) -> Self {
+        let failpoints = Arc::new(Failpoints::new(config.failpoint_max_pause));
         Self {
             store,
             clock,
             config: Arc::new(config),
             registry: Arc::new(Registry::default()),
             waiting: Arc::new(AtomicUsize::new(0)),
+            failpoints,
         }
+    }
+
+    /// The failpoint registry (paused requests, the release signal).
+    pub fn failpoints(&self) -> &Arc<Failpoints> {
+        &self.failpoints
+    }
+
+    /// The lease length in milliseconds.
+    pub fn lease_ms(&self) -> Millis {
+        ms(self.config.lease)
     }
 
     /// The store.
@@ -165,18 +189,17 @@ impl<K: KeyStore> Engine<K> {
         S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send,
         S::Future: Send,
     {
-        match self.handle_inner(req, inner, replay_headers).await {
+        let mode = Mode::Single {
+            inner,
+            replay_headers,
+        };
+        match self.handle_inner(req, mode).await {
             Ok(r) => r,
             Err(e) => axum::response::IntoResponse::into_response(e),
         }
     }
 
-    async fn handle_inner<S>(
-        &self,
-        req: Request<Body>,
-        inner: S,
-        replay_headers: &[HeaderName],
-    ) -> Result<Response<Body>>
+    async fn handle_inner<S>(&self, req: Request<Body>, mode: Mode<'_, S, K>) -> Result<Response<Body>>
     where
         S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send,
         S::Future: Send,
@@ -230,6 +253,18 @@ impl<K: KeyStore> Engine<K> {
         )
         .map(|n| Duration::from_secs(n).min(self.config.max_wait));
         let deadline = Instant::now() + wait.unwrap_or_default();
+        // Failpoints exist only with --test-hooks; otherwise the header is
+        // not even read.
+        let mut failpoints = Vec::new();
+        if self.config.failpoints {
+            for v in parts.headers.get_all(FAILPOINT_HEADER) {
+                let v = v
+                    .to_str()
+                    .map_err(|_| Error::Validation("Idem-Failpoint must be ASCII".into()))?;
+                failpoints.extend(crate::failpoint::parse(v)?);
+            }
+        }
+        let multi = matches!(mode, Mode::Multi(_));
 
         let req = Pending {
             caller: scope_caller,
@@ -240,6 +275,7 @@ impl<K: KeyStore> Engine<K> {
             content_type,
             body,
             wait,
+            failpoints,
         };
         // Bounded: each turn returns, waits (bounded by the deadline), or
         // lost a claim race to a request that committed meanwhile, which the
@@ -248,25 +284,61 @@ impl<K: KeyStore> Engine<K> {
         let mut waited = false;
         for _ in 0..10_000 {
             let now = self.clock.now_ms();
-            let in_flight = match self.classify(&req, now, waited).await? {
+            let in_flight = match self.classify(&req, now, waited, multi).await? {
                 Step::Replay(r) => return Ok(r),
                 Step::InFlight(entry) => entry,
+                Step::Resumable => {
+                    let Mode::Multi(driver) = mode else {
+                        return Err(Error::Internal("resumable key on a single-phase route".into()));
+                    };
+                    // The lease is over, so the store arbitrates: take the
+                    // local slot even if a (paused, stale) local holder has
+                    // it; fencing refuses that holder's later commits.
+                    let guard = self.registry.force_acquire(&req.caller, &req.key, &req.fingerprint);
+                    match driver.run(self, &req, Start::Resume, guard).await? {
+                        Some(r) => return Ok(r),
+                        None => {
+                            taken_races += 1;
+                            if taken_races > 20 {
+                                return Err(self.in_use());
+                            }
+                            continue;
+                        }
+                    }
+                }
                 Step::Claimable => {
                     // FLAW(check-then-insert): we read the key and found
                     // nothing; execute without claiming and write the record
                     // at the end. Two duplicates that both read "absent" both
                     // execute.
                     #[cfg(feature = "flaws")]
-                    if self.config.flaws.on(Flaw::CheckThenInsert) {
+                    if self.config.flaws.on(Flaw::CheckThenInsert)
+                        && let Mode::Single {
+                            inner,
+                            replay_headers,
+                        } = mode
+                    {
                         return self
                             .execute_unclaimed(&req, parts, inner, replay_headers, true)
                             .await;
                     }
                     match self.try_claim(&req, now).await? {
                         TryClaim::Executed(guard, claimed) => {
-                            return self
-                                .execute(&req, claimed, parts, inner, replay_headers, guard)
-                                .await;
+                            return match mode {
+                                Mode::Single {
+                                    inner,
+                                    replay_headers,
+                                } => {
+                                    self.execute(&req, claimed, parts, inner, replay_headers, guard)
+                                        .await
+                                }
+                                Mode::Multi(driver) => driver
+                                    .run(self, &req, Start::Fresh(claimed, now), guard)
+                                    .await?
+                                    .ok_or_else(|| {
+                                        Error::Internal("a fresh claim cannot lose".into())
+                                    }),
+                            };
                         }
                         TryClaim::InFlight(entry) => entry,
                         TryClaim::Taken => {
@@ -282,7 +354,12 @@ impl<K: KeyStore> Engine<K> {
             // FLAW(no-in-flight-state): the duplicate of an in-flight
             // request executes as if it were new.
             #[cfg(feature = "flaws")]
-            if self.config.flaws.on(Flaw::NoInFlightState) {
+            if self.config.flaws.on(Flaw::NoInFlightState)
+                && let Mode::Single {
+                    inner,
+                    replay_headers,
+                } = mode
+            {
                 return self
                     .execute_unclaimed(&req, parts, inner, replay_headers, false)
                     .await;
@@ -327,7 +404,13 @@ impl<K: KeyStore> Engine<K> {
 
     /// The one read that decides a replay (or a mismatch, or in flight).
     /// For a replay this read is the whole cost: no transaction, no lock.
-    async fn classify(&self, req: &Pending, now: Millis, waited: bool) -> Result<Step> {
+    async fn classify(
+        &self,
+        req: &Pending,
+        now: Millis,
+        waited: bool,
+        multi: bool,
+    ) -> Result<Step> {
         let Some(rec) = self.store.lookup(&req.caller, &req.key).await? else {
             return Ok(Step::Claimable);
         };
@@ -345,6 +428,19 @@ impl<K: KeyStore> Engine<K> {
                 Ok(Step::Replay(
                     self.replay(&stored, req.wait.filter(|_| waited)),
                 ))
+            }
+            // A multi-step request between phases whose lease is over: a
+            // retry takes it over and resumes (clause idem.lease.takeover).
+            KeyState::InFlight
+                if multi
+                    && now < rec.replay_until
+                    && rec.recovery_point != RecoveryPoint::STARTED
+                    && rec.lease_expires_at.is_none_or(|t| t <= now) =>
+            {
+                if fingerprint_differs {
+                    return Err(Error::KeyMismatch);
+                }
+                Ok(Step::Resumable)
             }
             // A committed in-flight record: a multi-step request between
             // phases. It is someone else's while its lease lasts.
@@ -586,7 +682,7 @@ where
 
 /// Picks the headers a replay reproduces: Content-Type, Location, ETag and
 /// the endpoint's declared ones (clause idem.replay.verbatim).
-fn stored_response(
+pub(crate) fn stored_response(
     status: u16,
     headers: &HeaderMap,
     declared: &[HeaderName],
@@ -633,15 +729,27 @@ enum TryClaim<Tx> {
 }
 
 /// What the engine knows about a request before deciding.
-struct Pending {
-    caller: String,
-    key: String,
-    fingerprint: String,
-    method: String,
-    path: String,
-    content_type: Option<String>,
-    body: axum::body::Bytes,
-    wait: Option<Duration>,
+pub(crate) struct Pending {
+    pub(crate) caller: String,
+    pub(crate) key: String,
+    pub(crate) fingerprint: String,
+    pub(crate) method: String,
+    pub(crate) path: String,
+    pub(crate) content_type: Option<String>,
+    pub(crate) body: axum::body::Bytes,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) failpoints: Vec<Failpoint>,
+}
+
+/// How a claimed request is executed.
+enum Mode<'a, S, K: KeyStore> {
+    /// One transaction with the claim (the `IdempotencyLayer`).
+    Single {
+        inner: S,
+        replay_headers: &'a [HeaderName],
+    },
+    /// Phases with recovery points.
+    Multi(&'a dyn Driver<K>),
 }
 
 impl Pending {
@@ -666,6 +774,8 @@ enum Step {
     Replay(Response<Body>),
     Claimable,
     InFlight(Option<Arc<Entry>>),
+    /// In flight with an expired lease (multi-step routes only).
+    Resumable,
 }
 
 /// Keys being executed by *this* process: the in-flight state before the
@@ -713,6 +823,27 @@ impl Registry {
         })
     }
 
+    /// Takes the local slot even if held: for takeovers of expired leases,
+    /// which the store arbitrates.
+    fn force_acquire(self: &Arc<Self>, caller: &str, key: &str, fingerprint: &str) -> RegistryGuard {
+        let mut map = self
+            .entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let k = (caller.to_owned(), key.to_owned());
+        let entry = Arc::new(Entry {
+            fingerprint: fingerprint.to_owned(),
+            notify: Notify::new(),
+            done: AtomicBool::new(false),
+        });
+        map.insert(k.clone(), entry.clone());
+        RegistryGuard {
+            registry: self.clone(),
+            key: k,
+            entry,
+        }
+    }
+
     fn entry(&self, caller: &str, key: &str) -> Option<Arc<Entry>> {
         let map = self
             .entries
@@ -724,7 +855,7 @@ impl Registry {
 
 /// Releases a locally held key when the request settles, *or* when its
 /// future is dropped (client gone, panic): waiters are always woken.
-struct RegistryGuard {
+pub(crate) struct RegistryGuard {
     registry: Arc<Registry>,
     key: (String, String),
     entry: Arc<Entry>,
@@ -737,7 +868,13 @@ impl Drop for RegistryGuard {
             .entries
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.remove(&self.key);
+        // Only our own entry: a takeover may have replaced it.
+        if map
+            .get(&self.key)
+            .is_some_and(|e| Arc::ptr_eq(e, &self.entry))
+        {
+            map.remove(&self.key);
+        }
         drop(map);
         self.entry.done.store(true, Ordering::Release);
         self.entry.notify.notify_waiters();
@@ -749,5 +886,69 @@ struct Gauge<'a>(&'a AtomicUsize);
 impl Drop for Gauge<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// No inner service: the type parameter of multi-step requests, which run
+/// a [`Driver`] instead.
+#[derive(Debug, Clone, Copy)]
+struct NoService;
+
+impl tower::Service<Request<Body>> for NoService {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<std::result::Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::result::Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<Body>) -> Self::Future {
+        std::future::ready(Ok(Response::new(Body::empty())))
+    }
+}
+
+impl Engine<Store> {
+    /// Serves one request on a multi-step route: replays, rejects, waits,
+    /// or claims (or takes over) the key and runs the driver's phases.
+    pub(crate) async fn handle_multistep(
+        &self,
+        req: Request<Body>,
+        driver: &dyn Driver<Store>,
+    ) -> Response<Body> {
+        match self
+            .handle_inner::<NoService>(req, Mode::Multi(driver))
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => axum::response::IntoResponse::into_response(e),
+        }
+    }
+
+    /// The completer's entry: take over an abandoned key and finish it from
+    /// its stored request. `Ok(None)` when another worker holds it.
+    pub(crate) async fn resume_abandoned(
+        &self,
+        key: &AbandonedKey,
+        driver: &dyn Driver<Store>,
+    ) -> Result<Option<Response<Body>>> {
+        let req = Pending {
+            caller: key.caller.clone(),
+            key: key.key.clone(),
+            fingerprint: key.fingerprint.clone(),
+            method: key.method.clone(),
+            path: key.path.clone(),
+            content_type: key.content_type.clone(),
+            body: axum::body::Bytes::from(key.body.clone()),
+            wait: None,
+            failpoints: Vec::new(),
+        };
+        let guard = self
+            .registry
+            .force_acquire(&req.caller, &req.key, &req.fingerprint);
+        driver.run(self, &req, Start::Resume, guard).await
     }
 }

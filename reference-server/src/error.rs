@@ -95,6 +95,24 @@ pub enum Error {
     /// refused and rolled back (clause `idem.lease.fencing`).
     #[error("the lease on this key was taken over by another worker; its outcome will be replayed")]
     Fenced,
+    /// The payment processor declined: a final outcome, stored and replayed
+    /// (clause `idem.failure.final-outcomes`).
+    #[error("{0}")]
+    PaymentDeclined(String),
+    /// A foreign system the request needs did not answer usefully. Never
+    /// stored: the key stays at its last recovery point and a retry with the
+    /// same key resumes there.
+    #[error("{detail}")]
+    UpstreamUnavailable {
+        /// What was unavailable.
+        detail: String,
+        /// Seconds advertised in `Retry-After`.
+        retry_after_secs: u64,
+    },
+    /// The endpoint exists but this server was started without what it
+    /// needs (e.g. `/v1/payments` without `--processor-url`).
+    #[error("{0}")]
+    NotConfigured(String),
     /// Invalid configuration (flags or tokens file).
     #[error("configuration error: {0}")]
     Config(String),
@@ -121,6 +139,10 @@ impl Error {
             Self::Validation(_) => ErrorCode::ValidationFailed,
             Self::NotFound(_) => ErrorCode::NotFound,
             Self::MethodNotAllowed => ErrorCode::MethodNotAllowed,
+            Self::PaymentDeclined(_) => ErrorCode::PaymentDeclined,
+            Self::UpstreamUnavailable { .. } | Self::NotConfigured(_) => {
+                ErrorCode::UpstreamUnavailable
+            }
             Self::Store(_)
             | Self::Migrate(_)
             | Self::Config(_)
@@ -169,6 +191,11 @@ impl IntoResponse for Error {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
         } else if let Self::Fenced = self {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+        } else if let Self::UpstreamUnavailable {
+            retry_after_secs, ..
+        } = self
+        {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
         }
         response
     }

@@ -46,8 +46,11 @@ pub mod clock;
 pub mod config;
 pub mod engine;
 mod error;
+pub mod failpoint;
 pub mod flaws;
+pub mod jobs;
 pub mod layer;
+pub mod multistep;
 pub mod reaper;
 pub mod store;
 

@@ -1,10 +1,11 @@
-//! The HTTP surface: the example bank, the OpenAPI document, health, and
-//! the test hooks.
+//! The HTTP surface: the example bank (transfers, and payments through an
+//! external processor), the OpenAPI document, health, and the test hooks.
 
 pub mod accounts;
 pub mod auth;
 pub mod json;
 pub mod openapi;
+pub mod payments;
 pub mod test_hooks;
 pub mod transfers;
 
@@ -30,4 +31,7 @@ pub struct AppState {
     pub tokens: Arc<BTreeMap<String, String>>,
     /// The profile errors are rendered in.
     pub profile: idem_spec::Profile,
+    /// The multi-step endpoints (`POST /v1/payments` when a processor is
+    /// configured), for routing and for the completer.
+    pub multistep: Arc<Vec<crate::multistep::MultiStepEndpoint>>,
 }

@@ -1,6 +1,8 @@
 //! Routes that exist only with `--test-hooks`: they let a test move the
-//! server's clock and run the reaper on demand, so replay-window, retention
-//! and lease behaviour can be checked in milliseconds.
+//! server's clock, run the reaper, completer and enqueuer on demand, and
+//! watch and release paused [failpoints](crate::failpoint), so
+//! replay-window, retention, lease and crash behaviour can be checked in
+//! milliseconds.
 //!
 //! They are unauthenticated by design (a test harness should not need a
 //! caller's token to move time) and that is exactly why the server logs a
@@ -72,4 +74,46 @@ pub async fn reap(State(app): State<AppState>) -> Result<Json<ReapResult>> {
         deleted: report.deleted,
         unfinished: report.unfinished.len(),
     }))
+}
+
+/// `POST /_test/complete`: runs one completer pass now.
+pub async fn complete(State(app): State<AppState>) -> Result<Json<crate::jobs::CompleterReport>> {
+    Ok(Json(
+        crate::jobs::complete_once(&app.store, app.clock.as_ref(), &app.multistep).await?,
+    ))
+}
+
+/// What `POST /_test/enqueue` did.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct EnqueueResult {
+    /// Staged jobs delivered by this pass.
+    pub delivered: u64,
+}
+
+/// `POST /_test/enqueue`: runs one enqueuer pass now.
+pub async fn enqueue(State(app): State<AppState>) -> Result<Json<EnqueueResult>> {
+    Ok(Json(EnqueueResult {
+        delivered: crate::jobs::enqueue_once(&app.store, app.clock.as_ref()).await?,
+    }))
+}
+
+/// Requests paused at a failpoint.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+pub struct PausedFailpoints {
+    /// One entry per paused request, e.g. `after=charge-call`.
+    pub paused: Vec<String>,
+}
+
+/// `GET /_test/failpoints`: the requests paused right now.
+pub async fn failpoints(State(app): State<AppState>) -> Json<PausedFailpoints> {
+    Json(PausedFailpoints {
+        paused: app.engine.failpoints().paused(),
+    })
+}
+
+/// `POST /_test/failpoints/release`: releases every paused request.
+pub async fn release(State(app): State<AppState>) -> Json<PausedFailpoints> {
+    let paused = app.engine.failpoints().paused();
+    app.engine.failpoints().release_all();
+    Json(PausedFailpoints { paused })
 }

@@ -42,6 +42,7 @@
 //!   transaction; a `5xx` is a transaction rolled back; multi-step requests
 //!   (issue 4) commit one transaction per phase by design.
 
+pub mod phases;
 pub mod postgres;
 pub mod sqlite;
 
@@ -95,7 +96,8 @@ impl DbTx {
         }
     }
 
-    async fn commit(self) -> Result<()> {
+    /// Commits the transaction (and releases SQLite's writer permit).
+    pub async fn commit(self) -> Result<()> {
         match self {
             Self::Sqlite(tx, _permit) => tx.commit().await?,
             Self::Postgres(tx) => tx.commit().await?,
@@ -103,7 +105,8 @@ impl DbTx {
         Ok(())
     }
 
-    async fn rollback(self) -> Result<()> {
+    /// Rolls the transaction back (and releases SQLite's writer permit).
+    pub async fn rollback(self) -> Result<()> {
         match self {
             Self::Sqlite(tx, _permit) => tx.rollback().await?,
             Self::Postgres(tx) => tx.rollback().await?,
@@ -377,7 +380,7 @@ pub enum Store {
     Postgres(PgPool),
 }
 
-const LOOKUP_SQL: &str = "SELECT fingerprint, state, recovery_point, generation, lease_expires_at, \
+pub(crate) const LOOKUP_SQL: &str = "SELECT fingerprint, state, recovery_point, generation, lease_expires_at, \
      created_at, replay_until, expires_at, response_status, response_headers, response_body \
      FROM idempotency_keys WHERE caller = $1 AND idem_key = $2";
 
@@ -406,7 +409,7 @@ const CLAIM_SQL: &str = "INSERT INTO idempotency_keys (caller, idem_key, fingerp
 
 /// Completion is fenced: it only touches the row if this request's
 /// generation is still the current one (clause `idem.lease.fencing`).
-const COMPLETE_SQL: &str = "UPDATE idempotency_keys SET state = 'complete', \
+pub(crate) const COMPLETE_SQL: &str = "UPDATE idempotency_keys SET state = 'complete', \
      recovery_point = 'finished', completed_at = $1, locked_at = NULL, lease_expires_at = NULL, \
      response_status = $2, response_headers = $3, response_body = $4 \
      WHERE caller = $5 AND idem_key = $6 AND generation = $7 AND state = 'in_flight'";
@@ -481,7 +484,7 @@ impl Store {
     }
 }
 
-fn decode_record<R>(row: &R) -> Result<KeyRecord>
+pub(crate) fn decode_record<R>(row: &R) -> Result<KeyRecord>
 where
     R: Row,
     for<'a> &'a str: sqlx::ColumnIndex<R>,
@@ -528,7 +531,7 @@ where
     })
 }
 
-fn headers_json(response: &StoredResponse) -> Result<String> {
+pub(crate) fn headers_json(response: &StoredResponse) -> Result<String> {
     serde_json::to_string(&response.headers)
         .map_err(|e| Error::Internal(format!("cannot serialise headers: {e}")))
 }

@@ -1,0 +1,487 @@
+//! The example multi-step endpoint: `POST /v1/payments` charges a card at
+//! an external payment processor (`idem-fake-processor`), which no database
+//! rollback can undo.
+//!
+//! Its phases ([`crate::multistep`] explains the machinery):
+//!
+//! | from | does | reaches |
+//! |---|---|---|
+//! | `started` | validates; inserts the payment row (status `pending`) with its outbound key, in the claim's transaction | `payment_created` |
+//! | `payment_created` | records the intent (`charge_attempts + 1`, committed); calls `POST /charges` with the outbound key; writes the charge id | `charge_created`, or a final 402 on decline |
+//! | `charge_created` | marks the payment `succeeded`, stages a receipt job, stores the 201 | `finished` |
+//!
+//! The outbound key is `idemkit-processor-{40 hex}`, the SHA-256 of
+//! (caller, key, first-claim time, `processor`) (see
+//! [`Phase::foreign_key`]): the same for every attempt of one request, and
+//! different for different callers, keys, or a key reused after its replay
+//! window. A crash between the call and its commit makes the resumed
+//! request call again with the same key, and the processor answers with
+//! the charge it already made.
+//!
+//! Processor unavailable (503, or unreachable): 503 `upstream_unavailable`
+//! with `Retry-After`, not stored; the key stays at `payment_created` with
+//! its lease ended, so a retry with the same key resumes there. A decline
+//! is final: 402 `payment_declined`, stored and replayed.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::IntoResponse;
+use idem_fake_processor::{ChargeOutcome, ChargeRequest, ProcessorClient};
+use serde::{Deserialize, Serialize};
+use sqlx::Row;
+use utoipa::ToSchema;
+
+use super::AppState;
+use crate::clock::to_rfc3339;
+use crate::error::{Error, Result};
+use crate::failpoint::Position;
+use crate::layer::Caller;
+use crate::multistep::{MultiStep, Next, Phase};
+use crate::{with_conn, with_pool};
+
+/// Largest amount one payment may charge, in minor units.
+pub const MAX_AMOUNT: i64 = 1_000_000_000_000;
+
+/// A payment request.
+#[derive(Debug, Clone, Deserialize, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewPayment {
+    /// Minor units (cents), 1 to 10^12.
+    pub amount: i64,
+    /// ISO 4217 code, three ASCII letters.
+    pub currency: String,
+    /// Payment source, e.g. a card token.
+    #[serde(default)]
+    pub source: Option<String>,
+    /// Free text, up to 140 characters.
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+impl NewPayment {
+    fn validate(&self) -> Result<()> {
+        if !(1..=MAX_AMOUNT).contains(&self.amount) {
+            return Err(Error::Validation(format!(
+                "amount must be between 1 and {MAX_AMOUNT} minor units"
+            )));
+        }
+        if self.currency.len() != 3 || !self.currency.bytes().all(|b| b.is_ascii_alphabetic()) {
+            return Err(Error::Validation(
+                "currency must be a three-letter ISO 4217 code".into(),
+            ));
+        }
+        for (name, v, max) in [
+            ("source", &self.source, 64),
+            ("description", &self.description, 140),
+        ] {
+            if let Some(v) = v
+                && (v.chars().count() > max || v.chars().any(char::is_control))
+            {
+                return Err(Error::Validation(format!(
+                    "{name} must be at most {max} characters with no control characters"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A payment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Payment {
+    /// `pay_...`, derived from the request (stable across retries).
+    pub id: String,
+    /// The idempotency key that created it.
+    pub idempotency_key: String,
+    /// Minor units.
+    pub amount: i64,
+    /// Currency, lower-cased.
+    pub currency: String,
+    /// Payment source.
+    pub source: Option<String>,
+    /// Free text.
+    pub description: Option<String>,
+    /// `pending`, `charged`, `succeeded` or `declined`.
+    pub status: String,
+    /// The processor's charge id, once charged.
+    pub charge_id: Option<String>,
+    /// The processor's decline code, when declined.
+    pub failure_code: Option<String>,
+    /// Processor calls made for it (intents recorded).
+    pub charge_attempts: i64,
+    /// Fencing generation of the worker that last wrote it.
+    pub generation: i64,
+    /// When it was created (server clock), RFC 3339.
+    pub created_at: String,
+}
+
+/// The caller's payments, oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct PaymentList {
+    /// Number of payments.
+    pub count: usize,
+    /// The payments.
+    pub payments: Vec<Payment>,
+}
+
+/// One receipt job delivered by the enqueuer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Receipt {
+    /// The staged job's id.
+    pub job_id: i64,
+    /// The payment it is for.
+    pub payment_id: String,
+    /// Minor units.
+    pub amount: i64,
+    /// Currency.
+    pub currency: String,
+    /// When the enqueuer delivered it, RFC 3339.
+    pub enqueued_at: String,
+}
+
+/// The caller's delivered receipts.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ReceiptList {
+    /// Number of receipts.
+    pub count: usize,
+    /// The receipts, in job order.
+    pub receipts: Vec<Receipt>,
+}
+
+/// The `POST /v1/payments` endpoint: its phases and the processor client.
+#[derive(Debug, Clone)]
+pub struct Payments {
+    processor: ProcessorClient,
+}
+
+impl Payments {
+    /// Payments charged at the processor `client` talks to.
+    pub fn new(processor: ProcessorClient) -> Self {
+        Self { processor }
+    }
+}
+
+const SELECT_PAYMENTS: &str = "SELECT id, idempotency_key, amount, currency, source, description, \
+     status, charge_id, failure_code, charge_attempts, generation, created_at FROM payments \
+     WHERE owner = $1";
+
+fn payment_id(p: &Phase<'_>) -> String {
+    format!("pay_{}", &p.derive("payment")[..24])
+}
+
+impl MultiStep for Payments {
+    async fn phase(&self, from: &str, p: &mut Phase<'_>) -> Result<Next> {
+        match from {
+            "started" => create_payment(p).await,
+            "payment_created" => self.charge(p).await,
+            "charge_created" => finish(p).await,
+            other => Err(Error::Internal(format!(
+                "payments have no phase starting at {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Phase 1, inside the claim's transaction: the payment row and, with it,
+/// the outbound key the processor will see (the intent's first half).
+async fn create_payment(p: &mut Phase<'_>) -> Result<Next> {
+    let req: NewPayment = p.json()?;
+    req.validate()?;
+    let id = payment_id(p);
+    let outbound = p.foreign_key("processor")?;
+    let (caller, key, generation, now) = (
+        p.caller().to_owned(),
+        p.key().to_owned(),
+        p.generation(),
+        p.now(),
+    );
+    let tx = p.tx().await?;
+    with_conn!(tx, c => {
+        sqlx::query(
+            "INSERT INTO payments (id, owner, idempotency_key, amount, currency, source, \
+             description, status, outbound_key, generation, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10, $10)",
+        )
+        .bind(&id)
+        .bind(&caller)
+        .bind(&key)
+        .bind(req.amount)
+        .bind(req.currency.to_ascii_lowercase())
+        .bind(&req.source)
+        .bind(&req.description)
+        .bind(outbound.as_str())
+        .bind(generation)
+        .bind(now)
+        .execute(&mut *c)
+        .await?;
+    });
+    Ok(Next::Commit("payment_created"))
+}
+
+impl Payments {
+    /// Phase 2: record the intent, call the processor (no transaction
+    /// open), record its answer.
+    async fn charge(&self, p: &mut Phase<'_>) -> Result<Next> {
+        let req: NewPayment = p.json()?;
+        let id = payment_id(p);
+        let outbound = p.foreign_key("processor")?;
+        let (generation, now) = (p.generation(), p.now());
+        let tx = p.tx().await?;
+        with_conn!(tx, c => {
+            sqlx::query(
+                "UPDATE payments SET charge_attempts = charge_attempts + 1, generation = $2, \
+                 updated_at = $3 WHERE id = $1",
+            )
+            .bind(&id)
+            .bind(generation)
+            .bind(now)
+            .execute(&mut *c)
+            .await?;
+        });
+        p.commit_intent().await?;
+        p.failpoint(Position::Before, "charge-call").await;
+        let charge = ChargeRequest {
+            amount: req.amount,
+            currency: req.currency.to_ascii_lowercase(),
+            source: req.source.clone(),
+            description: Some(format!("idemkit payment {id}")),
+        };
+        let outcome = self.processor.create_charge(&outbound, &charge, None).await;
+        p.failpoint(Position::After, "charge-call").await;
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(payment = %id, error = %e, "processor unreachable");
+                return Err(Error::UpstreamUnavailable {
+                    detail: "the payment processor could not be reached; retry with the same \
+                             Idempotency-Key: the payment resumes where it stopped"
+                        .into(),
+                    retry_after_secs: 1,
+                });
+            }
+        };
+        let (generation, now) = (p.generation(), p.now());
+        match outcome {
+            ChargeOutcome::Created(charge) | ChargeOutcome::Replayed(charge) => {
+                let tx = p.tx().await?;
+                with_conn!(tx, c => {
+                    sqlx::query(
+                        "UPDATE payments SET status = 'charged', charge_id = $2, generation = $3, \
+                         updated_at = $4 WHERE id = $1",
+                    )
+                    .bind(&id)
+                    .bind(&charge.id)
+                    .bind(generation)
+                    .bind(now)
+                    .execute(&mut *c)
+                    .await?;
+                });
+                Ok(Next::Commit("charge_created"))
+            }
+            ChargeOutcome::Declined { charge, .. } => {
+                let code = charge.failure_code.clone().unwrap_or_default();
+                let tx = p.tx().await?;
+                with_conn!(tx, c => {
+                    sqlx::query(
+                        "UPDATE payments SET status = 'declined', charge_id = $2, \
+                         failure_code = $3, generation = $4, updated_at = $5 WHERE id = $1",
+                    )
+                    .bind(&id)
+                    .bind(&charge.id)
+                    .bind(&code)
+                    .bind(generation)
+                    .bind(now)
+                    .execute(&mut *c)
+                    .await?;
+                });
+                // A final 4xx: stored with these writes and replayed.
+                Err(Error::PaymentDeclined(format!(
+                    "the processor declined payment {id} ({code}); use a new Idempotency-Key \
+                     for a new attempt"
+                )))
+            }
+            ChargeOutcome::Unavailable { retry_after } => Err(Error::UpstreamUnavailable {
+                detail: "the payment processor is unavailable; retry with the same \
+                         Idempotency-Key: the payment resumes where it stopped"
+                    .into(),
+                retry_after_secs: retry_after.map_or(1, |d| d.as_secs().max(1)),
+            }),
+            ChargeOutcome::Rejected { status, problem } => Err(Error::Internal(format!(
+                "the processor rejected payment {id} with {status}: {}",
+                problem.code
+            ))),
+        }
+    }
+}
+
+/// Phase 3: mark the payment succeeded, stage the receipt job, and answer
+/// 201; the driver stores the response in the same transaction.
+async fn finish(p: &mut Phase<'_>) -> Result<Next> {
+    let id = payment_id(p);
+    let (caller, generation, now) = (p.caller().to_owned(), p.generation(), p.now());
+    let tx = p.tx().await?;
+    let payment = with_conn!(tx, c => {
+        sqlx::query(
+            "UPDATE payments SET status = 'succeeded', generation = $2, updated_at = $3 \
+             WHERE id = $1",
+        )
+        .bind(&id)
+        .bind(generation)
+        .bind(now)
+        .execute(&mut *c)
+        .await?;
+        let row = sqlx::query(&format!("{SELECT_PAYMENTS} AND id = $2"))
+            .bind(&caller)
+            .bind(&id)
+            .fetch_one(&mut *c)
+            .await?;
+        decode(&row)?
+    });
+    crate::jobs::stage_receipt(
+        tx,
+        &serde_json::json!({
+            "payment_id": payment.id,
+            "owner": caller,
+            "amount": payment.amount,
+            "currency": payment.currency,
+        }),
+        now,
+    )
+    .await?;
+    let mut response = (StatusCode::CREATED, Json(&payment)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("/v1/payments/{}", payment.id)) {
+        response.headers_mut().insert(header::LOCATION, v);
+    }
+    Ok(Next::Finish(response))
+}
+
+fn decode<R>(r: &R) -> Result<Payment>
+where
+    R: Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(Payment {
+        id: r.try_get("id")?,
+        idempotency_key: r.try_get("idempotency_key")?,
+        amount: r.try_get("amount")?,
+        currency: r.try_get("currency")?,
+        source: r.try_get("source")?,
+        description: r.try_get("description")?,
+        status: r.try_get("status")?,
+        charge_id: r.try_get("charge_id")?,
+        failure_code: r.try_get("failure_code")?,
+        charge_attempts: r.try_get("charge_attempts")?,
+        generation: r.try_get("generation")?,
+        created_at: to_rfc3339(r.try_get("created_at")?),
+    })
+}
+
+/// `POST /v1/payments` when the server runs without `--processor-url`.
+pub async fn not_configured() -> Error {
+    Error::NotConfigured(
+        "payments are not configured on this server: start idem-server with \
+         --processor-url http://HOST:PORT (e.g. an idem-fake-processor)"
+            .into(),
+    )
+}
+
+/// Lists the caller's payments (`?idempotency_key=K` narrows to one key).
+#[utoipa::path(
+    get,
+    path = "/v1/payments",
+    tag = "payments",
+    responses((status = 200, description = "The caller's payments.", body = PaymentList)),
+    security(("bearer" = []))
+)]
+pub async fn list_payments(
+    State(app): State<AppState>,
+    caller: Caller,
+    axum::extract::Query(q): axum::extract::Query<std::collections::BTreeMap<String, String>>,
+) -> Result<Json<PaymentList>> {
+    let payments = fetch(&app, &caller.0, q.get("idempotency_key").map(|k| ("idempotency_key", k.as_str()))).await?;
+    Ok(Json(PaymentList {
+        count: payments.len(),
+        payments,
+    }))
+}
+
+/// Reads one of the caller's payments.
+#[utoipa::path(
+    get,
+    path = "/v1/payments/{id}",
+    tag = "payments",
+    params(("id" = String, Path, description = "Payment id")),
+    responses(
+        (status = 200, description = "The payment.", body = Payment),
+        (status = 404, description = "No such payment for this caller.", body = idem_spec::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_payment(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Payment>> {
+    fetch(&app, &caller.0, Some(("id", id.as_str())))
+        .await?
+        .into_iter()
+        .next()
+        .map(Json)
+        .ok_or_else(|| Error::NotFound(format!("no payment {id:?}")))
+}
+
+async fn fetch(app: &AppState, owner: &str, filter: Option<(&str, &str)>) -> Result<Vec<Payment>> {
+    let sql = match filter {
+        Some((column, _)) => format!("{SELECT_PAYMENTS} AND {column} = $2 ORDER BY created_at, id"),
+        None => format!("{SELECT_PAYMENTS} ORDER BY created_at, id"),
+    };
+    with_pool!(&app.store, p => {
+        let mut q = sqlx::query(&sql).bind(owner);
+        if let Some((_, v)) = filter {
+            q = q.bind(v);
+        }
+        let rows = q.fetch_all(p).await?;
+        rows.iter().map(decode).collect()
+    })
+}
+
+/// Lists the receipt jobs the enqueuer delivered for the caller.
+#[utoipa::path(
+    get,
+    path = "/v1/receipts",
+    tag = "payments",
+    responses((status = 200, description = "Delivered receipts.", body = ReceiptList)),
+    security(("bearer" = []))
+)]
+pub async fn list_receipts(
+    State(app): State<AppState>,
+    caller: Caller,
+) -> Result<Json<ReceiptList>> {
+    let receipts = with_pool!(&app.store, p => {
+        let rows = sqlx::query(
+            "SELECT job_id, payment_id, amount, currency, enqueued_at FROM receipts \
+             WHERE owner = $1 ORDER BY job_id",
+        )
+        .bind(&caller.0)
+        .fetch_all(p)
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            out.push(Receipt {
+                job_id: r.try_get("job_id")?,
+                payment_id: r.try_get("payment_id")?,
+                amount: r.try_get("amount")?,
+                currency: r.try_get("currency")?,
+                enqueued_at: to_rfc3339(r.try_get("enqueued_at")?),
+            });
+        }
+        out
+    });
+    Ok(Json(ReceiptList {
+        count: receipts.len(),
+        receipts,
+    }))
+}

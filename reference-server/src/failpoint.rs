@@ -1,0 +1,259 @@
+//! Failpoints: make a multi-step request crash or stall at a named point,
+//! so crash recovery can be tested against the real binary.
+//!
+//! They exist only with `--test-hooks`. Without it the `Idem-Failpoint`
+//! header is ignored entirely (not even parsed). With it, a request may carry
+//!
+//! ```text
+//! Idem-Failpoint: crash-after=charge_created
+//! Idem-Failpoint: pause-before=finished, crash-after=charge-call
+//! ```
+//!
+//! Each item is `ACTION-POSITION=NAME`:
+//!
+//! - `crash` calls [`std::process::abort`]: no destructors, no flushing, no
+//!   graceful shutdown; whatever was not committed is lost, like a `kill -9`.
+//! - `pause` stalls the request until `POST /_test/failpoints/release` (or
+//!   `--failpoint-max-pause-secs`, a bound so a forgotten pause cannot wedge
+//!   a test run); `GET /_test/failpoints` lists the requests paused now.
+//!
+//! The names, for `POST /v1/payments` (the generic driver supplies the
+//! recovery-point ones for any multi-step endpoint):
+//!
+//! | failpoint | where |
+//! |---|---|
+//! | `before=payment_created` | phase 1's writes done, not committed |
+//! | `after=payment_created` | phase 1 committed |
+//! | `before=charge-call` | intent committed, processor not yet called |
+//! | `after=charge-call` | processor answered, nothing of it committed |
+//! | `before=charge_created` | charge id written, not committed |
+//! | `after=charge_created` | phase 2 committed |
+//! | `before=finished` | receipt job staged and response stored, not committed |
+//! | `after=finished` | final response committed, not yet sent |
+//!
+//! A crash at `after=charge-call` or `before=charge_created` falls between
+//! the foreign call and its commit: the resumed request calls the processor
+//! once more with the same outbound key, and the processor deduplicates it.
+//! Every other crash point is between phases and repeats no call.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+
+/// The request header that arms failpoints (with `--test-hooks` only).
+pub const FAILPOINT_HEADER: &str = "idem-failpoint";
+
+/// Every failpoint `POST /v1/payments` passes, in order (see the module docs).
+pub const PAYMENT_FAILPOINTS: [&str; 8] = [
+    "before=payment_created",
+    "after=payment_created",
+    "before=charge-call",
+    "after=charge-call",
+    "before=charge_created",
+    "after=charge_created",
+    "before=finished",
+    "after=finished",
+];
+
+/// What an armed failpoint does when reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// Abort the process on the spot.
+    Crash,
+    /// Stall until released (or the bound passes).
+    Pause,
+}
+
+/// Whether a failpoint sits just before or just after its named step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    /// Before the step (for a recovery point: writes done, commit not yet).
+    Before,
+    /// After the step (for a recovery point: committed).
+    After,
+}
+
+impl Position {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Before => "before",
+            Self::After => "after",
+        }
+    }
+}
+
+/// One armed failpoint, parsed from the header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failpoint {
+    /// Crash or pause.
+    pub action: Action,
+    /// Before or after `name`.
+    pub position: Position,
+    /// A recovery point (`payment_created`) or an endpoint step (`charge-call`).
+    pub name: String,
+}
+
+/// Parses an `Idem-Failpoint` value: comma-separated `ACTION-POSITION=NAME`.
+pub fn parse(value: &str) -> Result<Vec<Failpoint>> {
+    let mut out = Vec::new();
+    for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let bad = || {
+            Error::Validation(format!(
+                "Idem-Failpoint item {item:?}: expected ACTION-POSITION=NAME with ACTION crash or \
+                 pause and POSITION before or after, e.g. crash-after=charge_created"
+            ))
+        };
+        let (head, name) = item.split_once('=').ok_or_else(bad)?;
+        let (action, position) = head.split_once('-').ok_or_else(bad)?;
+        let action = match action {
+            "crash" => Action::Crash,
+            "pause" => Action::Pause,
+            _ => return Err(bad()),
+        };
+        let position = match position {
+            "before" => Position::Before,
+            "after" => Position::After,
+            _ => return Err(bad()),
+        };
+        if name.is_empty() {
+            return Err(bad());
+        }
+        out.push(Failpoint {
+            action,
+            position,
+            name: name.to_owned(),
+        });
+    }
+    Ok(out)
+}
+
+/// The process-wide failpoint state: who is paused, and the release signal.
+#[derive(Debug)]
+pub struct Failpoints {
+    max_pause: Duration,
+    paused: Mutex<BTreeMap<u64, String>>,
+    next_id: AtomicU64,
+    release: watch::Sender<u64>,
+}
+
+impl Failpoints {
+    /// A registry whose pauses last at most `max_pause`.
+    pub fn new(max_pause: Duration) -> Self {
+        Self {
+            max_pause,
+            paused: Mutex::new(BTreeMap::new()),
+            next_id: AtomicU64::new(0),
+            release: watch::Sender::new(0),
+        }
+    }
+
+    /// Fires every failpoint of `armed` that matches (`position`, `name`).
+    pub async fn hit(&self, armed: &[Failpoint], position: Position, name: &str) {
+        for fp in armed
+            .iter()
+            .filter(|f| f.position == position && f.name == name)
+        {
+            let label = format!("{}={name}", position.as_str());
+            match fp.action {
+                Action::Crash => {
+                    tracing::error!(failpoint = %label, "FAILPOINT: aborting the process");
+                    std::process::abort();
+                }
+                Action::Pause => self.pause(&label).await,
+            }
+        }
+    }
+
+    async fn pause(&self, label: &str) {
+        // A fresh receiver has seen the current value: only a later
+        // release wakes it.
+        let mut rx = self.release.subscribe();
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        self.lock().insert(id, label.to_owned());
+        tracing::warn!(failpoint = %label, "FAILPOINT: request paused");
+        let released = tokio::time::timeout(self.max_pause, rx.changed()).await;
+        self.lock().remove(&id);
+        match released {
+            Ok(_) => tracing::warn!(failpoint = %label, "FAILPOINT: request released"),
+            Err(_) => tracing::warn!(failpoint = %label, "FAILPOINT: pause bound reached"),
+        }
+    }
+
+    /// The failpoints requests are paused at right now (one entry each).
+    pub fn paused(&self) -> Vec<String> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// Releases every paused request; returns how many were paused.
+    pub fn release_all(&self) -> usize {
+        let n = self.lock().len();
+        self.release.send_modify(|v| *v = v.wrapping_add(1));
+        n
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, String>> {
+        self.paused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_parse_and_typos_are_refused() {
+        let fps = parse("crash-after=charge_created, pause-before=charge-call").expect("parse");
+        assert_eq!(
+            fps,
+            vec![
+                Failpoint {
+                    action: Action::Crash,
+                    position: Position::After,
+                    name: "charge_created".into()
+                },
+                Failpoint {
+                    action: Action::Pause,
+                    position: Position::Before,
+                    name: "charge-call".into()
+                },
+            ]
+        );
+        for bad in [
+            "crash=x",
+            "explode-after=x",
+            "crash-during=x",
+            "crash-after=",
+            "x",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?} should be refused");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pause_holds_until_released() {
+        let fps = std::sync::Arc::new(Failpoints::new(Duration::from_secs(30)));
+        let armed = parse("pause-after=x").expect("parse");
+        let f = fps.clone();
+        let task = tokio::spawn(async move { f.hit(&armed, Position::After, "x").await });
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while fps.paused().is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "never paused");
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(fps.paused(), vec!["after=x".to_owned()]);
+        assert!(!task.is_finished());
+        assert_eq!(fps.release_all(), 1);
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("released")
+            .expect("join");
+        assert!(fps.paused().is_empty());
+    }
+}
