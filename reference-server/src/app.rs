@@ -178,7 +178,10 @@ pub async fn serve(cli: Cli) -> Result<()> {
         reaper_interval_secs = cli.reaper_interval_secs,
         completer_interval_ms = cli.completer_interval_ms,
         enqueuer_interval_ms = cli.enqueuer_interval_ms,
-        processor = cli.processor_url.as_deref().unwrap_or("(none: /v1/payments answers 503)"),
+        processor = cli
+            .processor_url
+            .as_deref()
+            .unwrap_or("(none: /v1/payments answers 503)"),
         "background jobs started"
     );
     let result = axum::serve(listener, app.router)

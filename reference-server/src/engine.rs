@@ -199,7 +199,11 @@ impl<K: KeyStore> Engine<K> {
         }
     }
 
-    async fn handle_inner<S>(&self, req: Request<Body>, mode: Mode<'_, S, K>) -> Result<Response<Body>>
+    async fn handle_inner<S>(
+        &self,
+        req: Request<Body>,
+        mode: Mode<'_, S, K>,
+    ) -> Result<Response<Body>>
     where
         S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send,
         S::Future: Send,
@@ -289,12 +293,16 @@ impl<K: KeyStore> Engine<K> {
                 Step::InFlight(entry) => entry,
                 Step::Resumable => {
                     let Mode::Multi(driver) = mode else {
-                        return Err(Error::Internal("resumable key on a single-phase route".into()));
+                        return Err(Error::Internal(
+                            "resumable key on a single-phase route".into(),
+                        ));
                     };
                     // The lease is over, so the store arbitrates: take the
                     // local slot even if a (paused, stale) local holder has
                     // it; fencing refuses that holder's later commits.
-                    let guard = self.registry.force_acquire(&req.caller, &req.key, &req.fingerprint);
+                    let guard =
+                        self.registry
+                            .force_acquire(&req.caller, &req.key, &req.fingerprint);
                     match driver.run(self, &req, Start::Resume, guard).await? {
                         Some(r) => return Ok(r),
                         None => {
@@ -825,7 +833,12 @@ impl Registry {
 
     /// Takes the local slot even if held: for takeovers of expired leases,
     /// which the store arbitrates.
-    fn force_acquire(self: &Arc<Self>, caller: &str, key: &str, fingerprint: &str) -> RegistryGuard {
+    fn force_acquire(
+        self: &Arc<Self>,
+        caller: &str,
+        key: &str,
+        fingerprint: &str,
+    ) -> RegistryGuard {
         let mut map = self
             .entries
             .lock()

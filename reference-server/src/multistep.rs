@@ -287,7 +287,15 @@ async fn commit(
     let now = engine.clock().now_ms();
     let lease = now.saturating_add(engine.lease_ms());
     if let Err(e) = store
-        .commit_point(&mut tx, &req.caller, &req.key, generation, point, now, lease)
+        .commit_point(
+            &mut tx,
+            &req.caller,
+            &req.key,
+            generation,
+            point,
+            now,
+            lease,
+        )
         .await
     {
         tx.rollback().await?;
@@ -428,7 +436,9 @@ impl<M: MultiStep> Driven<M> {
                 }
             };
             return self
-                .finish(engine, req, generation, committed, phase_tx, &point, response)
+                .finish(
+                    engine, req, generation, committed, phase_tx, &point, response,
+                )
                 .await
                 .map(Some);
         }
@@ -563,7 +573,9 @@ impl MultiStepEndpoint {
 
     /// Serves one request: replay, 409, or run/resume its phases.
     pub async fn handle(&self, req: Request<Body>) -> Response<Body> {
-        self.engine.handle_multistep(req, self.driver.as_ref()).await
+        self.engine
+            .handle_multistep(req, self.driver.as_ref())
+            .await
     }
 
     /// Whether a stored request belongs to this endpoint.

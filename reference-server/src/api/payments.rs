@@ -401,7 +401,13 @@ pub async fn list_payments(
     caller: Caller,
     axum::extract::Query(q): axum::extract::Query<std::collections::BTreeMap<String, String>>,
 ) -> Result<Json<PaymentList>> {
-    let payments = fetch(&app, &caller.0, q.get("idempotency_key").map(|k| ("idempotency_key", k.as_str()))).await?;
+    let payments = fetch(
+        &app,
+        &caller.0,
+        q.get("idempotency_key")
+            .map(|k| ("idempotency_key", k.as_str())),
+    )
+    .await?;
     Ok(Json(PaymentList {
         count: payments.len(),
         payments,
