@@ -1,0 +1,240 @@
+//! The crash-recovery gate: the fake processor and `idem-server` run as
+//! child processes; for every failpoint of `POST /v1/payments` a payment
+//! is sent with `Idem-Failpoint: crash-<failpoint>`, the server aborts
+//! there, is restarted on the same database, and then either
+//!
+//! - the client retries with the same key (variant `retry`), or
+//! - nobody does, and the completer must finish the payment (variant
+//!   `completer`; the test only moves the server clock past the lease and
+//!   polls the payment's state with a bounded deadline).
+//!
+//! Every run must end with a 201, exactly one charge at the processor, no
+//! repeated processor call when the crash fell between phases, and at most
+//! one (deduplicated by the processor's key) when it fell between the call
+//! and its commit. On SQLite and on PostgreSQL.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use idem_fake_processor::{ProcessorChild, ProcessorClient};
+use idem_server::failpoint::PAYMENT_FAILPOINTS;
+use support::{Backend, TestDb};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const BODY: &str = r#"{"amount":4200,"currency":"eur","source":"tok_gate"}"#;
+const LEASE_SECS: u64 = 5;
+
+/// Failpoints between the processor call and the commit that records it.
+const BETWEEN_CALL_AND_COMMIT: [&str; 2] = ["after=charge-call", "before=charge_created"];
+
+struct Server {
+    base: String,
+    child: Child,
+}
+
+impl Server {
+    async fn start(db_url: &str, processor: &str, completer_ms: u64) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idem-server"))
+            .args(["--listen", "127.0.0.1:0", "--database-url", db_url])
+            .args(["--test-hooks", "--processor-url", processor])
+            .args(["--lease-secs", &LEASE_SECS.to_string()])
+            .args(["--completer-interval-ms", &completer_ms.to_string()])
+            .args(["--max-connections", "4"])
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn idem-server");
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .expect("server announces itself within 60 s")
+            .unwrap()
+            .expect("a first stdout line");
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let base = first.strip_prefix("listening on ").unwrap().to_owned();
+        Server { base, child }
+    }
+
+    /// Waits (bounded) for the aborted child and checks it died abnormally.
+    async fn expect_crashed(&mut self) {
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the server should have aborted")
+            .unwrap();
+        assert!(!status.success(), "exit status {status}");
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
+}
+
+async fn pay(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+    failpoint: Option<&str>,
+) -> reqwest::Result<reqwest::Response> {
+    let mut b = http
+        .post(format!("{base}/v1/payments"))
+        .header("authorization", "Bearer demo-alice")
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(BODY);
+    if let Some(f) = failpoint {
+        b = b.header("idem-failpoint", format!("crash-{f}"));
+    }
+    b.send().await
+}
+
+async fn payment_by_key(
+    http: &reqwest::Client,
+    base: &str,
+    key: &str,
+) -> Option<serde_json::Value> {
+    let v: serde_json::Value = http
+        .get(format!("{base}/v1/payments?idempotency_key={key}"))
+        .header("authorization", "Bearer demo-alice")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["payments"].as_array().unwrap().first().cloned()
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    Retry,
+    Completer,
+}
+
+async fn gate(backend: Backend, variant: Variant) {
+    let name = format!("gate_{variant:?}").to_lowercase();
+    let Some(db) = TestDb::new(backend, &name).await else {
+        return;
+    };
+    let bin = tokio::task::spawn_blocking(idem_fake_processor::binary)
+        .await
+        .unwrap()
+        .expect("build idem-fake-processor");
+    let processor_db = std::env::temp_dir().join(format!(
+        "idem-gate-proc-{}.db",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let processor = ProcessorChild::spawn(&bin, &processor_db).await.unwrap();
+    let pc: ProcessorClient = processor.client();
+    let http = client();
+    // The retry variant keeps the completer out of the way; the completer
+    // variant runs it every 100 ms.
+    let completer_ms = match variant {
+        Variant::Retry => 3_600_000,
+        Variant::Completer => 100,
+    };
+    for (i, fp) in PAYMENT_FAILPOINTS.iter().enumerate() {
+        let key = format!("gate-{i}");
+        let before = pc.charges().await.unwrap();
+
+        let mut server = Server::start(&db.url, processor.base_url(), completer_ms).await;
+        let crashed = pay(&http, &server.base, &key, Some(fp)).await;
+        assert!(
+            crashed.is_err(),
+            "{fp}: the server answered instead of aborting"
+        );
+        server.expect_crashed().await;
+
+        let server = Server::start(&db.url, processor.base_url(), completer_ms).await;
+        // The dead server's lease is still running on the new server's
+        // clock: move past it.
+        let r = http
+            .post(format!("{}/_test/clock", server.base))
+            .json(&serde_json::json!({"advance_secs": LEASE_SECS + 1}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+
+        if variant == Variant::Completer && *fp != "before=payment_created" {
+            // Nothing but the completer touches the key now.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+            loop {
+                let p = payment_by_key(&http, &server.base, &key).await;
+                if p.as_ref().is_some_and(|p| p["status"] == "succeeded") {
+                    break;
+                }
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{fp}: the completer did not finish the payment; it is {p:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        if *fp == "before=payment_created" {
+            // Nothing was committed: no payment exists, nothing to complete.
+            assert!(payment_by_key(&http, &server.base, &key).await.is_none());
+        }
+
+        // Every run ends with a 201 for the client.
+        let r = pay(&http, &server.base, &key, None).await.unwrap();
+        assert_eq!(r.status(), 201, "{fp}: {:?}", r.text().await);
+        let replayed = r
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true");
+        let body: serde_json::Value = r.json().await.unwrap();
+        let finished_before_retry = *fp == "after=finished"
+            || (variant == Variant::Completer && *fp != "before=payment_created");
+        assert_eq!(replayed, finished_before_retry, "{fp}: replayed?");
+        assert_eq!(body["status"], "succeeded");
+
+        let after = pc.charges().await.unwrap();
+        assert_eq!(after.count, before.count + 1, "{fp}: exactly one charge");
+        let charge = after
+            .charges
+            .iter()
+            .find(|c| Some(c.id.as_str()) == body["charge_id"].as_str())
+            .unwrap_or_else(|| panic!("{fp}: the payment's charge is not at the processor"));
+        let calls = after.calls_for(&charge.idempotency_key);
+        if BETWEEN_CALL_AND_COMMIT.contains(fp) {
+            assert!(
+                (1..=2).contains(&calls),
+                "{fp}: at most one repeated call, got {calls}"
+            );
+        } else {
+            assert_eq!(calls, 1, "{fp}: a crash between phases repeats no call");
+        }
+        assert_eq!(
+            after.total_calls(),
+            before.total_calls() + calls,
+            "{fp}: no call under any other key"
+        );
+        drop(server);
+    }
+    drop(processor);
+    for s in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{s}", processor_db.display()));
+    }
+}
+
+// clause: idem.multistep.resume, idem.multistep.foreign-key, idem.multistep.phases
+async fn crash_then_retry(backend: Backend) {
+    gate(backend, Variant::Retry).await;
+}
+both!(crash_then_retry);
+
+// clause: idem.completer.drives, idem.lease.takeover
+async fn crash_then_completer(backend: Backend) {
+    gate(backend, Variant::Completer).await;
+}
+both!(crash_then_completer);
