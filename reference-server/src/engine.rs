@@ -16,6 +16,12 @@
 //!                         └─5xx ─────► roll back all; key absent again
 //! ```
 //!
+//! Multi-step routes ([`crate::multistep`]) share everything up to the
+//! claim; a claimed request then runs phases instead of one handler, and
+//! one more case exists: a key in flight past its recovery point `started`
+//! whose lease has expired is *taken over* (generation + 1) and resumed at
+//! its last recovery point, instead of answering 409.
+//!
 //! The local registry is an optimisation and the source of wake-ups, never
 //! the arbiter: two processes on one database are arbitrated by the store.
 

@@ -12,10 +12,13 @@
 //!   in the same transaction as the writes that need it, so a job exists
 //!   only if that transaction committed; the enqueuer reads only committed
 //!   rows and therefore never sees a job before its transaction commits, or
-//!   one whose transaction rolled back. Delivery is at least once: the job is
-//!   delivered, then deleted; a crash in between delivers it again, which the
-//!   target absorbs (here `receipts` is keyed by the job id). The "queue"
-//!   of this example is the `receipts` table, visible at `GET /v1/receipts`.
+//!   one whose transaction rolled back. The "queue" of this example is the
+//!   `receipts` table (visible at `GET /v1/receipts`); it lives in the same
+//!   database, so delivery and deletion of the staged row commit together.
+//!   With a real queue (Redis, SQS) delivery comes first and deletion after,
+//!   and a crash in between delivers the job again: at least once. So the
+//!   target is keyed by the job id (`ON CONFLICT (job_id) DO NOTHING`) and
+//!   absorbs a redelivery either way.
 //!   Interval: `--enqueuer-interval-ms`.
 
 use std::sync::Arc;

@@ -18,15 +18,15 @@
 //! `generation` (the fencing token), plus the request itself so a completer
 //! can finish an abandoned request.
 //!
-//! ## Multi-step requests (built on this, later)
+//! ## Multi-step requests
 //!
-//! A phase commit is the same shape as [`KeyStore::complete`]: an `UPDATE`
-//! of `recovery_point` and a fresh `lease_expires_at`, guarded by
-//! `generation = $current`, committed with the phase's writes; a refused
-//! guard is [`Error::Fenced`]. Taking over an expired lease is the claim
-//! statement with its `WHERE` widened to any recovery point (bumping the
-//! generation and returning the point to resume from); the schema already
-//! holds every column this needs, including the original request.
+//! [`phases`] holds their statements. A phase commit is the same shape as
+//! [`KeyStore::complete`]: an `UPDATE` of `recovery_point` and a fresh
+//! `lease_expires_at`, guarded by `generation = $current`, committed with
+//! the phase's writes; a refused guard is [`Error::Fenced`]. Taking over an
+//! expired lease is a separate `UPDATE ... RETURNING` that works at any
+//! recovery point, bumps the generation and keeps the point and the
+//! original request, which is what lets a retry or the completer resume.
 //!
 //! ## Costs (the design target of clause `idem.claim.transactional`)
 //!
@@ -40,7 +40,9 @@
 //!   costs a read plus a short transaction that fails its advisory lock
 //!   (PostgreSQL); a key reused after its window is a read plus the
 //!   transaction; a `5xx` is a transaction rolled back; multi-step requests
-//!   (issue 4) commit one transaction per phase by design.
+//!   commit one transaction per phase by design (the first joins the
+//!   claim's), plus one short transaction per takeover and per intent
+//!   recorded before a foreign call.
 
 pub mod phases;
 pub mod postgres;
