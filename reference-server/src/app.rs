@@ -74,20 +74,9 @@ pub async fn build(cli: &Cli) -> Result<App> {
 /// The routes. Only `POST /v1/transfers` is idempotent; reads are not.
 pub fn router(state: AppState) -> Router {
     let idempotency = IdempotencyLayer::new(state.engine.clone());
-    // The multi-step route: its own driver, or a 503 explaining that no
-    // processor is configured (answered before any key is touched).
-    let payments_route = match state.multistep.first() {
-        Some(endpoint) => {
-            let endpoint = endpoint.clone();
-            post(move |req: Request| {
-                let endpoint = endpoint.clone();
-                async move { endpoint.handle(req).await }
-            })
-        }
-        None => post(payments::not_configured),
-    };
     let api = Router::new()
-        .route("/v1/payments", payments_route)
+        // Multi-step: the endpoint drives its own key (no layer).
+        .route("/v1/payments", post(payments::create_payment))
         .route(
             "/v1/transfers",
             post(transfers::create_transfer).layer(idempotency),

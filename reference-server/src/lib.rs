@@ -56,7 +56,7 @@
 //! | `GET /v1/payments[?idempotency_key=K]`, `GET /v1/payments/{id}` | bearer | payments and their `status` |
 //! | `GET /v1/receipts` | bearer | receipt jobs the enqueuer delivered |
 //! | `GET /healthz` | none | 200 when serving |
-//! | `GET /openapi.json` | none | the document, with `x-idempotency` (transfers only, for now) |
+//! | `GET /openapi.json` | none | the document, with `x-idempotency` |
 //! | `POST /_test/clock` `{"advance_secs":N}`, `POST /_test/reap`, `POST /_test/complete`, `POST /_test/enqueue` | none | only with `--test-hooks` |
 //! | `GET /_test/failpoints`, `POST /_test/failpoints/release` | none | only with `--test-hooks` |
 //!

@@ -646,6 +646,20 @@ async fn openapi_publishes_the_idempotency_surface(b: Backend) {
         .unwrap();
     assert!(get_params.iter().all(|p| p["name"] != "Idempotency-Key"));
     assert!(get_params.iter().any(|p| p["name"] == "memo"));
+    // The multi-step payment takes a key too, and says it is multi-step.
+    let pay = &doc["paths"]["/v1/payments"]["post"];
+    assert!(
+        pay["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "Idempotency-Key")
+    );
+    assert!(pay["responses"]["402"].is_object());
+    assert_eq!(
+        doc["x-idempotency"]["multi_step_operations"],
+        serde_json::json!(["POST /v1/payments"])
+    );
 }
 both!(openapi_publishes_the_idempotency_surface);
 

@@ -10,20 +10,24 @@ use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Response};
 
-use super::{accounts, transfers};
+use super::{accounts, payments, transfers};
 
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "idemkit reference server",
-        description = "An example bank whose POST /v1/transfers keeps the Idempotency-Key contract."
+        description = "An example bank whose POST /v1/transfers and POST /v1/payments keep the Idempotency-Key contract."
     ),
     paths(
         transfers::create_transfer,
         transfers::list_transfers,
         transfers::get_transfer,
         accounts::list_accounts,
-        accounts::get_account
+        accounts::get_account,
+        payments::create_payment,
+        payments::list_payments,
+        payments::get_payment,
+        payments::list_receipts
     ),
     components(schemas(
         transfers::NewTransfer,
@@ -31,20 +35,29 @@ use super::{accounts, transfers};
         transfers::TransferList,
         accounts::Account,
         accounts::AccountList,
+        payments::NewPayment,
+        payments::Payment,
+        payments::PaymentList,
+        payments::Receipt,
+        payments::ReceiptList,
         Problem
     ))
 )]
 struct ApiDoc;
 
 /// Paths whose POST requires an Idempotency-Key.
-pub const IDEMPOTENT_POSTS: [&str; 1] = ["/v1/transfers"];
+pub const IDEMPOTENT_POSTS: [&str; 2] = ["/v1/transfers", "/v1/payments"];
+
+/// Of those, the multi-step ones (phases with recovery points).
+pub const MULTI_STEP_POSTS: [&str; 1] = ["/v1/payments"];
 
 /// Builds the document for a server answering in `profile` with `policy`.
 pub fn document(profile: Profile, policy: &Policy) -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
     doc.info.version = env!("CARGO_PKG_VERSION").to_owned();
     doc.info.description = Some(format!(
-        "An example bank whose POST /v1/transfers keeps the Idempotency-Key contract \
+        "An example bank whose POST /v1/transfers (one transaction) and POST /v1/payments \
+         (multi-step, through an external processor) keep the Idempotency-Key contract \
          (profile `{profile}`). Replay window {} s; retention {} s; a key reused after its window \
          is a new request. Keys are scoped to the authenticated caller.",
         policy.replay_window_secs, policy.retention_secs
@@ -108,6 +121,7 @@ pub fn document(profile: Profile, policy: &Policy) -> utoipa::openapi::OpenApi {
         "policy": policy,
         "replayed_headers": REPLAYED_HEADERS,
         "idempotent_operations": IDEMPOTENT_POSTS.iter().map(|p| format!("POST {p}")).collect::<Vec<_>>(),
+        "multi_step_operations": MULTI_STEP_POSTS.iter().map(|p| format!("POST {p}")).collect::<Vec<_>>(),
     });
     let mut extensions = doc.extensions.take().unwrap_or_default();
     extensions.merge(

@@ -173,7 +173,7 @@ fn payment_id(p: &Phase<'_>) -> String {
 impl MultiStep for Payments {
     async fn phase(&self, from: &str, p: &mut Phase<'_>) -> Result<Next> {
         match from {
-            "started" => create_payment(p).await,
+            "started" => insert_payment(p).await,
             "payment_created" => self.charge(p).await,
             "charge_created" => finish(p).await,
             other => Err(Error::Internal(format!(
@@ -185,7 +185,7 @@ impl MultiStep for Payments {
 
 /// Phase 1, inside the claim's transaction: the payment row and, with it,
 /// the outbound key the processor will see (the intent's first half).
-async fn create_payment(p: &mut Phase<'_>) -> Result<Next> {
+async fn insert_payment(p: &mut Phase<'_>) -> Result<Next> {
     let req: NewPayment = p.json()?;
     req.validate()?;
     let id = payment_id(p);
@@ -379,13 +379,43 @@ where
     })
 }
 
-/// `POST /v1/payments` when the server runs without `--processor-url`.
-pub async fn not_configured() -> Error {
-    Error::NotConfigured(
-        "payments are not configured on this server: start idem-server with \
-         --processor-url http://HOST:PORT (e.g. an idem-fake-processor)"
-            .into(),
-    )
+/// Charges a payment at the processor, as phases with recovery points.
+///
+/// Without `--processor-url` it answers 503 `upstream_unavailable` saying
+/// so, before any key is read.
+#[utoipa::path(
+    post,
+    path = "/v1/payments",
+    tag = "payments",
+    request_body(content = NewPayment, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Payment charged (or its replay).", body = Payment,
+         headers(("Location" = String, description = "The new payment"))),
+        (status = 402, description = "Declined by the processor: final, stored and replayed.", body = idem_spec::Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over the size limit.", body = idem_spec::Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Body is not application/json.", body = idem_spec::Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid amount, currency or field.", body = idem_spec::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Processor unavailable (Retry-After; not stored; retry with the same key to resume), or no processor configured.", body = idem_spec::Problem, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_payment(
+    State(app): State<AppState>,
+    req: axum::extract::Request,
+) -> axum::response::Response {
+    match app
+        .multistep
+        .iter()
+        .find(|e| e.matches("POST", "/v1/payments"))
+    {
+        Some(endpoint) => endpoint.handle(req).await,
+        None => Error::NotConfigured(
+            "payments are not configured on this server: start idem-server with \
+             --processor-url http://HOST:PORT (e.g. an idem-fake-processor)"
+                .into(),
+        )
+        .into_response(),
+    }
 }
 
 /// Lists the caller's payments (`?idempotency_key=K` narrows to one key).
