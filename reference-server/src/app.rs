@@ -140,6 +140,15 @@ pub async fn serve(cli: Cli) -> Result<()> {
              Never run this in production."
         );
     }
+    if cli.processor_url.is_some() && cli.processor_timeout_secs >= cli.lease_secs {
+        tracing::warn!(
+            processor_timeout_secs = cli.processor_timeout_secs,
+            lease_secs = cli.lease_secs,
+            "a processor call may outlast the lease: a retry or the completer can then take the \
+             key over mid-call (safe, the first writer is fenced, but wasteful); keep \
+             --processor-timeout-secs below --lease-secs"
+        );
+    }
     let flaws = cli.flaw_set();
     if !flaws.list().is_empty() {
         tracing::warn!(flaws = ?flaws.list(), "DELIBERATE FLAWS ARE ON: this server breaks the contract on purpose");
@@ -227,6 +236,15 @@ fn announce(addr: SocketAddr, cli: &Cli, state: &AppState) {
              \n  curl -s {base}/v1/transfers -H 'Authorization: Bearer {token}'\
              \n  curl -s {base}/openapi.json\n"
         );
+        if cli.processor_url.is_some() {
+            let _ = writeln!(
+                out,
+                "A multi-step payment through the processor (also safe to run twice):\n\
+                 \n  curl -si {base}/v1/payments -H 'Authorization: Bearer {token}' \\\
+                 \n       -H 'Idempotency-Key: pay-1' -H 'Content-Type: application/json' \\\
+                 \n       -d '{{\"amount\":1250,\"currency\":\"usd\",\"source\":\"tok_visa\"}}'\n"
+            );
+        }
     }
     let _ = out.flush();
 }

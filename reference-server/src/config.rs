@@ -27,7 +27,8 @@ pub const DEMO_TOKENS: [(&str, &str); 2] = [("demo-alice", "alice"), ("demo-bob"
     version,
     about = "The idemkit reference server: Idempotency-Key done right, on SQLite or PostgreSQL.",
     long_about = "The idemkit reference server: an idempotency engine on SQLite (default) or \
-PostgreSQL, with an example bank API (POST /v1/transfers).\n\n\
+PostgreSQL, with an example bank API: POST /v1/transfers (one transaction) and POST /v1/payments \
+(multi-step, through an external payment processor).\n\n\
 The first line printed on stdout is `listening on http://ADDR` (machine-readable; use \
 --listen 127.0.0.1:0 to let the OS pick a free port). GET /healthz answers 200 when ready.\n\n\
 Callers authenticate with `Authorization: Bearer TOKEN`. Without --token/--tokens-file the demo \

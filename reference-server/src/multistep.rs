@@ -419,8 +419,8 @@ impl<M: MultiStep> Driven<M> {
                     self.failpoint(engine, req, Position::Before, next).await;
                     t.commit().await?;
                     committed = true;
-                    self.failpoint(engine, req, Position::After, next).await;
                     tracing::info!(caller = %req.caller, key = %req.key, generation, point = next, "recovery point committed");
+                    self.failpoint(engine, req, Position::After, next).await;
                     point = next.to_owned();
                     continue;
                 }

@@ -120,7 +120,7 @@ async fn spawn_payment(
     tokio::spawn(async move { send(&router, req).await })
 }
 
-// clause: idem.multistep.phases, idem.multistep.foreign-key, idem.claim.transactional
+// clause: idem.multistep.phases, idem.multistep.foreign-key, idem.claim.transactional, idem.failure.final-outcomes
 async fn payment_runs_its_phases_once_and_replays(backend: Backend) {
     let Some(e) = env(backend, "ms_phases", &[]).await else {
         return;
@@ -163,6 +163,19 @@ async fn payment_runs_its_phases_once_and_replays(backend: Backend) {
         .unwrap();
     assert_eq!(rec.state, KeyState::Complete);
     assert_eq!(rec.recovery_point, "finished");
+
+    // A final 4xx from the first phase is stored too, and calls nobody.
+    let bad = r#"{"amount":0,"currency":"usd"}"#;
+    let r422 = send(&e.router, payment("pay-bad", bad, None)).await;
+    assert_eq!(r422.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let again422 = send(&e.router, payment("pay-bad", bad, None)).await;
+    assert!(again422.replayed());
+    assert_eq!(again422.body, r422.body);
+    assert!(payment_by_key(&e.router, "pay-bad").await.is_none());
+    assert_eq!(
+        e.processor.client().charges().await.unwrap().total_calls(),
+        1
+    );
 
     // Bob's payment with the same key is his own: a different outbound key.
     let bob = Request::post("/v1/payments")
