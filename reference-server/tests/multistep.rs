@@ -333,6 +333,36 @@ async fn a_writer_paused_past_its_lease_is_fenced(backend: Backend) {
 }
 both!(a_writer_paused_past_its_lease_is_fenced);
 
+// clause: idem.completer.drives, idem.lease.takeover, idem.lease.fencing
+async fn the_completer_takes_over_from_a_paused_writer(backend: Backend) {
+    let Some(e) = env(backend, "ms_comp_fence", &[]).await else {
+        return;
+    };
+    let a = spawn_payment(&e.router, "cf-1", "pause-before=charge-call").await;
+    wait_paused(&e.router, "before=charge-call").await;
+    // A live lease is not abandoned.
+    assert_eq!(post_hook(&e.router, "/_test/complete").await["found"], 0);
+    advance(&e.router, 6).await;
+    let report = post_hook(&e.router, "/_test/complete").await;
+    assert_eq!(report["finished"], 1, "{report}");
+    let done = payment_by_key(&e.router, "cf-1").await.unwrap();
+    assert_eq!(done["status"], "succeeded");
+    assert_eq!(done["generation"], 2);
+    // The paused writer wakes up, calls the processor (deduplicated by
+    // the outbound key) and is refused at its commit.
+    post_hook(&e.router, "/_test/failpoints/release").await;
+    let a = tokio::time::timeout(Duration::from_secs(20), a)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, StatusCode::CONFLICT, "{:?}", a.body);
+    assert_eq!(payment_by_key(&e.router, "cf-1").await.unwrap(), done);
+    let state = e.processor.client().charges().await.unwrap();
+    assert_eq!(state.count, 1);
+    assert_eq!(state.total_calls(), 2);
+}
+both!(the_completer_takes_over_from_a_paused_writer);
+
 // clause: idem.completer.drives
 async fn the_completer_finishes_an_abandoned_payment(backend: Backend) {
     let Some(e) = env(backend, "ms_completer", &[]).await else {

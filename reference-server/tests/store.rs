@@ -290,3 +290,118 @@ async fn postgres_duplicate_claim_is_busy_not_blocked() {
         ClaimOutcome::Taken
     ));
 }
+
+/// A claimed key committed at `point` (as a multi-step request's first
+/// phase leaves it), lease ending at `lease`.
+async fn in_flight_at(s: &Store, key: &str, point: &str, lease: i64) -> i64 {
+    let mut c = claimed(s.claim(&req("alice", key, "fp1", 0)).await.unwrap());
+    s.commit_point(&mut c.tx, "alice", key, c.generation, point, 0, lease)
+        .await
+        .unwrap();
+    c.tx.commit().await.unwrap();
+    c.generation
+}
+
+// clause: idem.lease.takeover, idem.multistep.resume
+async fn take_over_waits_for_the_lease_and_keeps_the_recovery_point(b: Backend) {
+    let db = db!(b, "store-takeover");
+    let s = store(&db).await;
+    let g1 = in_flight_at(&s, "k", "charge_created", 60_000).await;
+    // Live lease, or another request's fingerprint: no takeover.
+    assert_eq!(
+        s.take_over("alice", "k", "fp1", 59_999, 120_000)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(
+        s.take_over("alice", "k", "fp2", 60_000, 120_000)
+            .await
+            .unwrap(),
+        None
+    );
+    let t = s
+        .take_over("alice", "k", "fp1", 60_000, 120_000)
+        .await
+        .unwrap()
+        .expect("expired lease");
+    assert_eq!(t.generation, g1 + 1);
+    assert_eq!(
+        t.recovery_point, "charge_created",
+        "resumes where it stopped"
+    );
+    assert_eq!(t.created_at, 0, "first-claim time survives the takeover");
+    let rec = s.lookup("alice", "k").await.unwrap().unwrap();
+    assert_eq!(rec.state, KeyState::InFlight);
+    assert_eq!(rec.lease_expires_at, Some(120_000));
+    // The new lease is live again: a second taker loses.
+    assert_eq!(
+        s.take_over("alice", "k", "fp1", 60_001, 180_000)
+            .await
+            .unwrap(),
+        None
+    );
+}
+both!(take_over_waits_for_the_lease_and_keeps_the_recovery_point);
+
+// clause: idem.lease.fencing
+async fn stale_phase_commits_and_releases_change_nothing(b: Backend) {
+    let db = db!(b, "store-phase-fence");
+    let s = store(&db).await;
+    let g1 = in_flight_at(&s, "k", "payment_created", 60_000).await;
+    let t = s
+        .take_over("alice", "k", "fp1", 60_000, 120_000)
+        .await
+        .unwrap()
+        .unwrap();
+    let before = s.lookup("alice", "k").await.unwrap().unwrap();
+
+    // The old worker's phase commit, final commit and release: all refused
+    // (the driver then rolls back the phase's writes with the guard).
+    let mut tx = s.begin().await.unwrap();
+    let err = s
+        .commit_point(&mut tx, "alice", "k", g1, "charge_created", 61_000, 121_000)
+        .await;
+    assert!(matches!(err, Err(Error::Fenced)), "{err:?}");
+    tx.rollback().await.unwrap();
+    let mut tx = s.begin().await.unwrap();
+    let err = s
+        .store_final(&mut tx, "alice", "k", g1, &response(), 61_000)
+        .await;
+    assert!(matches!(err, Err(Error::Fenced)), "{err:?}");
+    tx.rollback().await.unwrap();
+    assert!(!s.release_lease("alice", "k", g1, 61_000).await.unwrap());
+    assert_eq!(s.lookup("alice", "k").await.unwrap().unwrap(), before);
+
+    // The current generation commits.
+    let mut tx = s.begin().await.unwrap();
+    s.store_final(&mut tx, "alice", "k", t.generation, &response(), 62_000)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let rec = s.lookup("alice", "k").await.unwrap().unwrap();
+    assert_eq!(rec.state, KeyState::Complete);
+    assert_eq!(rec.response, Some(response()));
+}
+both!(stale_phase_commits_and_releases_change_nothing);
+
+// clause: idem.completer.drives
+async fn abandoned_lists_expired_multi_step_keys_only(b: Backend) {
+    let db = db!(b, "store-abandoned");
+    let s = store(&db).await;
+    in_flight_at(&s, "expired", "payment_created", 10_000).await;
+    in_flight_at(&s, "live", "payment_created", 90_000).await;
+    let done = claimed(s.claim(&req("alice", "done", "fp1", 0)).await.unwrap());
+    s.complete(done.tx, "alice", "done", done.generation, &response(), 1)
+        .await
+        .unwrap();
+    let found = s.abandoned(50_000, 10).await.unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    let k = &found[0];
+    assert_eq!((k.caller.as_str(), k.key.as_str()), ("alice", "expired"));
+    assert_eq!(k.recovery_point, "payment_created");
+    assert_eq!((k.method.as_str(), k.path.as_str()), ("POST", "/v1/things"));
+    assert_eq!(k.body, b"{}");
+    assert_eq!(k.fingerprint, "fp1");
+}
+both!(abandoned_lists_expired_multi_step_keys_only);

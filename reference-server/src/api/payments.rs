@@ -307,6 +307,17 @@ impl Payments {
                     .into(),
                 retry_after_secs: retry_after.map_or(1, |d| d.as_secs().max(1)),
             }),
+            // The processor failed on its side: transient, like a 503.
+            ChargeOutcome::Rejected { status, problem } if status >= 500 => {
+                tracing::warn!(payment = %id, status, code = %problem.code, "processor error");
+                Err(Error::UpstreamUnavailable {
+                    detail: "the payment processor failed; retry with the same Idempotency-Key: \
+                             the payment resumes where it stopped"
+                        .into(),
+                    retry_after_secs: 1,
+                })
+            }
+            // Our request was refused: a bug here, not the client's fault.
             ChargeOutcome::Rejected { status, problem } => Err(Error::Internal(format!(
                 "the processor rejected payment {id} with {status}: {}",
                 problem.code
