@@ -1,0 +1,119 @@
+//! The window family: replayed for the whole published window, a new
+//! request after it. Needs the clock hook; these cases run last because they
+//! move the target's clock.
+
+use super::{check_replay, fresh};
+use crate::case::{Case, Need, Rec};
+use idem_spec::report::Verdict;
+
+/// Seconds of margin on each side of the window edge.
+pub const MARGIN_SECS: u64 = 60;
+
+/// The cases of this family.
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            id: "windows.replay-within",
+            title: "a duplicate just inside the replay window is replayed",
+            clauses: &["idem.window.replay", "idem.replay.verbatim"],
+            needs: &[Need::Clock],
+            permitted: |m| {
+                vec![format!(
+                    "after {} s (window {} s): a verbatim replay",
+                    m.policy.replay_window_secs.saturating_sub(MARGIN_SECS),
+                    m.policy.replay_window_secs
+                )]
+            },
+            run: |r| Box::pin(within(r)),
+        },
+        Case {
+            id: "windows.expiry",
+            title: "a key reused after the replay window is a brand-new request",
+            clauses: &["idem.window.expiry"],
+            needs: &[Need::Clock],
+            permitted: |m| {
+                vec![format!(
+                    "after {} s: a fresh execution (second effect), then replays of the new outcome",
+                    m.policy.replay_window_secs + MARGIN_SECS
+                )]
+            },
+            run: |r| Box::pin(expiry(r)),
+        },
+    ]
+}
+
+async fn within(rec: &mut Rec) {
+    let key = rec.ctx.key();
+    let Some((req, first, _)) = fresh(rec, 0, &key).await else {
+        return;
+    };
+    let secs = rec
+        .ctx
+        .manifest
+        .policy
+        .replay_window_secs
+        .saturating_sub(MARGIN_SECS);
+    if let Err(e) = rec.ctx.advance_clock(secs).await {
+        rec.stop(Verdict::Error, e);
+        return;
+    }
+    rec.note(format!("the target's clock is advanced by {secs} s"));
+    let a = rec.alias(&key);
+    let Some(r2) = rec.send(&format!("alice resends R1 with {a}"), &req).await else {
+        return;
+    };
+    rec.check(
+        "idem.window.replay",
+        r2.replayed() && r2.same_outcome(&first),
+        "inside the window: a replay",
+        r2.summary(),
+    );
+    check_replay(rec, &first, &r2, "inside the window");
+}
+
+async fn expiry(rec: &mut Rec) {
+    let key = rec.ctx.key();
+    let Some((req, first, marker)) = fresh(rec, 0, &key).await else {
+        return;
+    };
+    let secs = rec.ctx.manifest.policy.replay_window_secs + MARGIN_SECS;
+    if let Err(e) = rec.ctx.advance_clock(secs).await {
+        rec.stop(Verdict::Error, e);
+        return;
+    }
+    rec.note(format!("the target's clock is advanced by {secs} s"));
+    let a = rec.alias(&key);
+    let Some(r2) = rec
+        .send(&format!("alice resends R1 with {a} after the window"), &req)
+        .await
+    else {
+        return;
+    };
+    rec.check(
+        "idem.window.expiry",
+        (200..300).contains(&r2.status) && !r2.replayed(),
+        "a fresh execution",
+        r2.summary(),
+    );
+    rec.check_effects(
+        "idem.window.expiry",
+        0,
+        &marker,
+        &[&first, &r2],
+        2,
+        "the expired key executed again",
+    )
+    .await;
+    let Some(r3) = rec
+        .send(&format!("alice resends again with {a}"), &req)
+        .await
+    else {
+        return;
+    };
+    rec.check(
+        "idem.window.expiry",
+        r3.replayed() && r3.same_outcome(&r2),
+        "the new outcome is stored under the key: a replay of R2",
+        r3.summary(),
+    );
+}

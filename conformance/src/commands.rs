@@ -1,0 +1,281 @@
+//! The CLI's subcommands, as library functions so tests can drive them.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+use idem_spec::report::Report;
+
+use crate::manifest::{self, Loaded};
+use crate::runner::{self, Options};
+use crate::{EXIT_FAIL, EXIT_HARNESS, EXIT_PASS, Error};
+
+/// Checks an HTTP API against the idempotency contract, black-box.
+#[derive(Debug, Parser)]
+#[command(name = "idem-conformance", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where reports go.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Outputs {
+    /// Self-contained HTML report.
+    #[arg(long, default_value = "idem-report.html")]
+    pub html: PathBuf,
+    /// JSON report (schema: spec/generated/schemas/Report.schema.json).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// JUnit XML report.
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Zero configuration: start the reference server and check it.
+    Demo {
+        /// Seed of the run.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Only cases matching this glob.
+        #[arg(long)]
+        only: Option<String>,
+        /// Start the server with this deliberate flaw (needs the server's `flaws` feature).
+        #[arg(long)]
+        flaw: Option<String>,
+        /// Reports.
+        #[command(flatten)]
+        out: Outputs,
+    },
+    /// Check the target a manifest describes.
+    Run {
+        /// The target manifest (TOML).
+        #[arg(long, short)]
+        target: PathBuf,
+        /// Seed of the run.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Only cases matching this glob.
+        #[arg(long)]
+        only: Option<String>,
+        /// Reports.
+        #[command(flatten)]
+        out: Outputs,
+    },
+    /// Print the cases a run would execute, with their clauses and permitted
+    /// outcomes under the manifest's profile; sends nothing.
+    List {
+        /// The target manifest (TOML).
+        #[arg(long, short)]
+        target: PathBuf,
+    },
+    /// Write a commented manifest template.
+    Init {
+        /// Where to write it.
+        #[arg(default_value = "idem-target.toml")]
+        path: PathBuf,
+    },
+    /// Re-run a saved counterexample against a target.
+    Replay {
+        /// The counterexample file written by a failing run.
+        file: PathBuf,
+        /// The target manifest (TOML).
+        #[arg(long, short)]
+        target: PathBuf,
+    },
+}
+
+/// Runs a parsed command line; returns the process exit code.
+pub async fn execute(cli: Cli) -> i32 {
+    let result = match cli.command {
+        Command::Demo {
+            seed,
+            only,
+            flaw,
+            out,
+        } => {
+            crate::demo::run(
+                Options {
+                    seed,
+                    only,
+                    progress: true,
+                },
+                flaw,
+                &out,
+            )
+            .await
+        }
+        Command::Run {
+            target,
+            seed,
+            only,
+            out,
+        } => {
+            run(
+                &target,
+                Options {
+                    seed,
+                    only,
+                    progress: true,
+                },
+                &out,
+            )
+            .await
+        }
+        Command::List { target } => list(&target).map(|s| {
+            print!("{s}");
+            EXIT_PASS
+        }),
+        Command::Init { path } => init(&path).map(|()| {
+            println!(
+                "wrote {}; edit it, then: idem-conformance list --target {}",
+                path.display(),
+                path.display()
+            );
+            EXIT_PASS
+        }),
+        Command::Replay { file, target } => replay(&file, &target).await,
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("idem-conformance: {e}");
+        EXIT_HARNESS
+    })
+}
+
+async fn run(target: &Path, opts: Options, out: &Outputs) -> Result<i32, Error> {
+    let loaded = manifest::load(target)?;
+    let report = runner::run(&loaded, &opts).await?;
+    emit(&report, out)
+}
+
+/// Prints the console report and writes the requested files; returns the
+/// report's exit code.
+pub fn emit(report: &Report, out: &Outputs) -> Result<i32, Error> {
+    print!("{}", crate::report::console::render(report));
+    let write = |p: &Path, s: String| {
+        std::fs::write(p, s).map_err(|source| Error::Io {
+            path: p.to_owned(),
+            source,
+        })
+    };
+    write(&out.html, crate::report::html::render(report))?;
+    println!("HTML report: {}", out.html.display());
+    if let Some(p) = &out.json {
+        write(p, crate::report::json(report)?)?;
+        println!("JSON report: {}", p.display());
+    }
+    if let Some(p) = &out.junit {
+        write(p, crate::report::junit::render(report)?)?;
+        println!("JUnit report: {}", p.display());
+    }
+    Ok(report.summary.exit_code)
+}
+
+/// The plan as text: one block per case.
+pub fn list(target: &Path) -> Result<String, Error> {
+    let loaded = manifest::load(target)?;
+    Ok(plan_text(&loaded))
+}
+
+/// Renders the plan for a loaded manifest without sending anything.
+pub fn plan_text(loaded: &Loaded) -> String {
+    let m = &loaded.manifest;
+    let mut s = format!(
+        "target {} ({}), profile {}, manifest sha256 {}\n",
+        m.target.name,
+        m.target.base_url,
+        crate::manifest::ManifestExt::profile_name(m),
+        loaded.sha256
+    );
+    for c in runner::plan(&Options::default()) {
+        let status = match c.missing_need(m) {
+            Some(n) => format!("unsupported: needs {}", n.describe()),
+            None => "will run".to_owned(),
+        };
+        s.push_str(&format!(
+            "\n{} [{}] — {}\n  {}\n  clauses: {}\n",
+            c.id,
+            c.tier().as_str(),
+            c.title,
+            status,
+            c.clauses.join(", ")
+        ));
+        for p in (c.permitted)(m) {
+            s.push_str(&format!("  permits: {p}\n"));
+        }
+        for w in m
+            .waivers
+            .iter()
+            .filter(|w| crate::waivers::matches(&w.case, c.id))
+        {
+            s.push_str(&format!("  waived: {}\n", w.reason));
+        }
+    }
+    s
+}
+
+/// Writes the commented template; refuses to overwrite.
+pub fn init(path: &Path) -> Result<(), Error> {
+    if path.exists() {
+        return Err(Error::Io {
+            path: path.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists; not overwriting",
+            ),
+        });
+    }
+    std::fs::write(path, manifest::TEMPLATE).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Re-runs a counterexample: exit 1 when it still fails, 0 when fixed.
+pub async fn replay(file: &Path, target: &Path) -> Result<i32, Error> {
+    let text = std::fs::read_to_string(file).map_err(|source| Error::Io {
+        path: file.to_owned(),
+        source,
+    })?;
+    let cx: crate::model::Counterexample =
+        serde_json::from_str(&text).map_err(|e| Error::ReplayFile {
+            path: file.display().to_string(),
+            message: e.to_string(),
+        })?;
+    let loaded = manifest::load(target)?;
+    let code = replay_loaded(&cx, &loaded).await?;
+    Ok(code)
+}
+
+/// Re-runs a counterexample against a loaded manifest, printing the outcome.
+pub async fn replay_loaded(
+    cx: &crate::model::Counterexample,
+    loaded: &Loaded,
+) -> Result<i32, Error> {
+    let client = runner::client(loaded)?;
+    let ctx = crate::case::Ctx::new(loaded.manifest.clone(), client, runner::run_id(), cx.seed);
+    println!(
+        "replaying {} operation(s) (found with seed {}) against {}",
+        cx.ops.len(),
+        cx.seed,
+        loaded.manifest.target.base_url
+    );
+    match crate::model::execute(&ctx, &cx.ops, "replay").await {
+        Ok(_) => {
+            println!("FIXED: the sequence now agrees with the contract model");
+            Ok(EXIT_PASS)
+        }
+        Err(v) => {
+            println!("STILL FAILS: {}", v.clause);
+            println!("  permitted: {}", v.permitted);
+            println!("  observed:  {}", v.observed);
+            for (i, l) in v.narrative.iter().enumerate() {
+                println!("  {}. {l}", i + 1);
+            }
+            Ok(EXIT_FAIL)
+        }
+    }
+}
