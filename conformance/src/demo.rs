@@ -88,6 +88,8 @@ pub struct Server {
     pub args: Vec<String>,
     /// The binary.
     pub bin: PathBuf,
+    /// (caller, bearer token) pairs the server was started with.
+    pub tokens: Vec<(String, String)>,
     child: Child,
     dir: PathBuf,
 }
@@ -100,8 +102,9 @@ impl Drop for Server {
 }
 
 impl Server {
-    /// Starts `bin --listen 127.0.0.1:0 --db <tmp>/idem.db --test-hooks`
-    /// plus `extra` args, and waits (bounded) for its `listening on` line.
+    /// Starts `bin --listen 127.0.0.1:0 --database-url sqlite://<tmp>/idem.db
+    /// --test-hooks --token <alice> --token <bob>` plus `extra` args, and
+    /// waits (bounded) for its `listening on` line.
     pub async fn start(bin: &Path, extra: &[String]) -> Result<Self, Error> {
         let dir = std::env::temp_dir().join(format!(
             "idem-conformance-{}",
@@ -111,13 +114,21 @@ impl Server {
             path: dir.clone(),
             source,
         })?;
+        let run = uuid::Uuid::new_v4().simple().to_string();
+        let tokens = [
+            ("alice".to_owned(), format!("kit-alice-{}", &run[..12])),
+            ("bob".to_owned(), format!("kit-bob-{}", &run[12..24])),
+        ];
         let mut args: Vec<String> = vec![
             "--listen".into(),
             "127.0.0.1:0".into(),
-            "--db".into(),
-            dir.join("idem.db").display().to_string(),
+            "--database-url".into(),
+            format!("sqlite://{}", dir.join("idem.db").display()),
             "--test-hooks".into(),
         ];
+        for (caller, token) in &tokens {
+            args.extend(["--token".to_owned(), format!("{token}={caller}")]);
+        }
         args.extend(extra.iter().cloned());
         let mut child = Command::new(bin)
             .args(&args)
@@ -154,48 +165,17 @@ impl Server {
                 break url;
             }
         };
-        // Keep draining stdout so the server never blocks on a full pipe,
-        // collecting lines printed right after readiness (demo tokens).
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Ok(Some(l)) = lines.next_line().await {
-                let _ = tx.send(l);
-            }
-        });
-        // Give the banner lines that follow `listening on` a moment to
-        // arrive; bounded, and not needed when tokens came first.
-        let until = tokio::time::Instant::now() + Duration::from_millis(300);
-        while let Ok(Some(l)) = tokio::time::timeout_at(until, rx.recv()).await {
-            banner.push(l);
-        }
-        tokio::spawn(async move { while rx.recv().await.is_some() {} });
+        // Keep draining stdout so the server never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(Self {
             base_url,
             banner,
             args,
             bin: bin.to_owned(),
+            tokens: tokens.to_vec(),
             child,
             dir,
         })
-    }
-
-    /// Bearer tokens the server printed (`Bearer <token>` anywhere in a line).
-    pub fn printed_tokens(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        for l in &self.banner {
-            let mut rest = l.as_str();
-            while let Some(p) = rest.find("Bearer ") {
-                rest = &rest[p + 7..];
-                let tok: String = rest
-                    .chars()
-                    .take_while(|c| !c.is_whitespace() && *c != '"' && *c != '\'' && *c != ',')
-                    .collect();
-                if !tok.is_empty() && !out.contains(&tok) {
-                    out.push(tok);
-                }
-            }
-        }
-        out
     }
 }
 
@@ -279,15 +259,8 @@ async fn accounts(base_url: &str, token: &str) -> Result<(String, String), Error
 /// the tokens it printed, their accounts, the transfer endpoint, the clock
 /// hook (the demo starts it with `--test-hooks`).
 pub async fn manifest_for(server: &Server) -> Result<String, Error> {
-    let tokens = server.printed_tokens();
-    if tokens.len() < 2 {
-        return Err(Error::Server(format!(
-            "the server printed fewer than two bearer tokens: {:?}",
-            server.banner
-        )));
-    }
     let mut callers = String::new();
-    for (name, tok) in ["alice", "bob"].iter().zip(&tokens) {
+    for (name, tok) in &server.tokens {
         let (from, to) = accounts(&server.base_url, tok).await?;
         callers.push_str(&format!(
             "[[callers]]\nname = \"{name}\"\nheaders = {{ Authorization = \"Bearer {tok}\" }}\nvars = {{ from = {from:?}, to = {to:?} }}\n\n"
@@ -306,8 +279,8 @@ base = "reference"
 name = "create transfer"
 method = "POST"
 path = "/v1/transfers"
-body = {{ from = "{{{{from}}}}", to = "{{{{to}}}}", amount = "{{{{amount}}}}", reference = "{{{{marker}}}}" }}
-rejected_body = {{ from = "{{{{from}}}}", to = "{{{{to}}}}", amount = 1000000000000, reference = "{{{{marker}}}}" }}
+body = {{ from = "{{{{from}}}}", to = "{{{{to}}}}", amount = "{{{{amount}}}}", memo = "{{{{marker}}}}" }}
+rejected_body = {{ from = "{{{{from}}}}", to = "{{{{to}}}}", amount = 1000000000000, memo = "{{{{marker}}}}" }}
 
 [policy]
 replay_window_secs = 86400
@@ -317,7 +290,7 @@ in_flight = "conflict_or_wait"
 kind = "list"
 url = "/v1/transfers"
 items_pointer = "/transfers"
-match_pointer = "/reference"
+match_pointer = "/memo"
 
 [hooks]
 clock = {{ url = "/_test/clock" }}
