@@ -359,7 +359,7 @@ impl Rec {
     pub fn fail_send(&mut self, f: &Failure) {
         let v = match f {
             Failure::Timeout(_) | Failure::Transport(_) => Verdict::Inconclusive,
-            Failure::Budget(_) | Failure::Harness(_) => Verdict::Error,
+            Failure::Budget(_) | Failure::Harness(_) | Failure::Connect(_) => Verdict::Error,
         };
         self.stop(v, f.to_string());
     }

@@ -114,9 +114,12 @@ impl Response {
 pub enum Failure {
     /// The request timed out: it may or may not have taken effect.
     Timeout(String),
-    /// The connection failed or broke: the kit cannot know whether the
-    /// target acted.
+    /// The connection broke after the request may have been sent: the kit
+    /// cannot know whether the target acted.
     Transport(String),
+    /// No connection could be made: nothing was sent (a harness or network
+    /// problem, not a verdict about the target).
+    Connect(String),
     /// The side-effect budget would be exceeded; nothing was sent.
     Budget(u64),
     /// The request could not be formed.
@@ -128,6 +131,7 @@ impl std::fmt::Display for Failure {
         match self {
             Self::Timeout(s) => write!(f, "timed out: {s}"),
             Self::Transport(s) => write!(f, "transport error: {s}"),
+            Self::Connect(s) => write!(f, "could not connect: {s}"),
             Self::Budget(b) => write!(f, "side-effect budget of {b} exhausted; not sent"),
             Self::Harness(s) => write!(f, "harness: {s}"),
         }
@@ -326,6 +330,8 @@ impl Client {
 fn classify(e: reqwest::Error) -> Failure {
     if e.is_timeout() {
         Failure::Timeout(e.to_string())
+    } else if e.is_connect() {
+        Failure::Connect(e.to_string())
     } else {
         Failure::Transport(format!(
             "{e} ({:?})",
@@ -396,7 +402,7 @@ mod tests {
             state_changing: true,
         };
         let first = c.send(&req).await;
-        assert!(matches!(first, Err(Failure::Transport(_))), "{first:?}");
+        assert!(matches!(first, Err(Failure::Connect(_))), "{first:?}");
         assert_eq!(c.send(&req).await, Err(Failure::Budget(1)));
         assert_eq!(c.effects_used(), 1);
         assert_eq!(c.requests_sent(), 1);

@@ -228,28 +228,47 @@ pub async fn execute(ctx: &Ctx, ops: &[Op], tag: &str) -> Result<usize, Violatio
                             .filter(|r| (200..300).contains(&r.status) && !r.replayed())
                             .collect();
                         let Some(first) = exec.first().copied() else {
+                            // Another caller's use of the same key index is
+                            // the only thing that could shape this answer.
+                            let other = model.keys.contains_key(&(1 - caller.min(1), key));
+                            let clause = if other {
+                                "idem.scope.caller"
+                            } else {
+                                "idem.state.three-states"
+                            };
                             return Err(violation(
-                                "idem.state.three-states",
+                                clause,
                                 "an absent key executes: one 2xx without the replay marker".into(),
                                 shown.join(" | "),
                                 &narrative,
                             ));
                         };
                         for r in &answers {
-                            let ok = std::ptr::eq(r, first)
+                            if std::ptr::eq(r, first)
                                 || is_error(&ctx.manifest, r, ErrorCode::IdempotencyKeyInUse)
-                                || (r.replayed() && r.same_outcome(first));
-                            if !ok {
-                                return Err(violation(
-                                    "idem.concurrency.single-effect",
-                                    format!(
-                                        "one execution; others {} or identical replays",
-                                        wire_desc(&ctx.manifest, ErrorCode::IdempotencyKeyInUse)
-                                    ),
-                                    r.summary(),
-                                    &narrative,
-                                ));
+                            {
+                                continue;
                             }
+                            if r.same_outcome(first) {
+                                if !r.replayed() {
+                                    return Err(violation(
+                                        "idem.replay.marker",
+                                        "a replay carries Idempotent-Replayed: true".into(),
+                                        r.summary(),
+                                        &narrative,
+                                    ));
+                                }
+                                continue;
+                            }
+                            return Err(violation(
+                                "idem.concurrency.single-effect",
+                                format!(
+                                    "one execution; others {} or identical replays",
+                                    wire_desc(&ctx.manifest, ErrorCode::IdempotencyKeyInUse)
+                                ),
+                                r.summary(),
+                                &narrative,
+                            ));
                         }
                         *model.effects.entry(marker.clone()).or_default() += 1;
                         model.keys.insert(
@@ -262,6 +281,25 @@ pub async fn execute(ctx: &Ctx, ops: &[Op], tag: &str) -> Result<usize, Violatio
                         );
                     }
                     Some(s) if s.variant == variant => {
+                        let fresh = answers.iter().any(|r| {
+                            (200..300).contains(&r.status)
+                                && !r.replayed()
+                                && !s.response.as_ref().is_some_and(|f| f.same_outcome(r))
+                        });
+                        if fresh && s.at < model.now {
+                            // Executed again after the clock moved, inside
+                            // the window: the window broke, not the replay.
+                            return Err(violation(
+                                "idem.window.replay",
+                                format!(
+                                    "a replay: the key is {} s old, inside the {} s window",
+                                    model.now - s.at,
+                                    model.window
+                                ),
+                                shown.join(" | "),
+                                &narrative,
+                            ));
+                        }
                         for r in &answers {
                             let ok = r.replayed()
                                 && s.response.as_ref().is_some_and(|f| f.same_outcome(r));
@@ -321,6 +359,8 @@ pub fn case() -> Case {
         title: "generated operation sequences (send, resend, changed body, other caller, bursts, clock) agree with the contract model",
         clauses: &[
             "idem.replay.verbatim",
+            "idem.replay.marker",
+            "idem.window.replay",
             "idem.fingerprint.mismatch",
             "idem.scope.caller",
             "idem.concurrency.single-effect",

@@ -54,6 +54,8 @@ pub struct GateObs {
     pub executed: usize,
     /// Replays identical to the execution.
     pub identical_replays: usize,
+    /// Answers identical to the execution but without the replay marker.
+    pub unmarked_replays: usize,
     /// 409 in-use answers.
     pub in_use: usize,
     /// 409 in-use answers without Retry-After.
@@ -73,14 +75,27 @@ pub fn classify(m: &Manifest, sent: &[Sent]) -> GateObs {
         .iter()
         .find(|r| (200..300).contains(&r.status) && !r.replayed())
         .copied();
+    if first.is_some() {
+        o.executed = 1;
+    }
     for r in answers {
+        if first.is_some_and(|f| std::ptr::eq(f, r)) {
+            continue;
+        }
         if is_error(m, r, ErrorCode::IdempotencyKeyInUse) {
             o.in_use += 1;
             if r.header("retry-after").is_none() {
                 o.in_use_without_retry_after += 1;
             }
-        } else if r.replayed() && first.is_some_and(|f| f.same_outcome(r)) {
-            o.identical_replays += 1;
+        } else if first.is_some_and(|f| f.same_outcome(r)) {
+            // Same status and body as the execution: a replay. Without
+            // the marker it breaks idem.replay.marker, not single-effect
+            // (the probe decides how many executions there were).
+            if r.replayed() {
+                o.identical_replays += 1;
+            } else {
+                o.unmarked_replays += 1;
+            }
         } else if (200..300).contains(&r.status) && !r.replayed() {
             o.executed += 1;
         } else {
@@ -142,14 +157,26 @@ async fn gate(rec: &mut Rec) {
             o.executed == 1 && o.other.is_empty(),
             format!("one execution; the rest {in_use} or identical replays"),
             format!(
-                "{} execution(s), {} identical replay(s), {} in-use, other: [{}], {} unanswered",
+                "{} execution(s), {} identical replay(s) ({} without the marker), {} in-use, other: [{}], {} unanswered",
                 o.executed,
-                o.identical_replays,
+                o.identical_replays + o.unmarked_replays,
+                o.unmarked_replays,
                 o.in_use,
                 o.other.join("; "),
                 o.no_answer
             ),
         );
+        if o.unmarked_replays > 0 {
+            rec.check(
+                "idem.replay.marker",
+                false,
+                "every replay carries Idempotent-Replayed: true",
+                format!(
+                    "{} identical answers without the marker",
+                    o.unmarked_replays
+                ),
+            );
+        }
         let Some(effects) = rec
             .check_effects(
                 "idem.concurrency.single-effect",
@@ -163,6 +190,16 @@ async fn gate(rec: &mut Rec) {
         else {
             return;
         };
+        if effects > 1 {
+            // Simultaneous copies that all executed: some arrived while the
+            // first was in flight, and were executed instead of refused.
+            rec.check(
+                "idem.inflight.conflict",
+                false,
+                format!("a duplicate in flight gets {in_use} and is not executed"),
+                format!("{effects} executions of one key from {n} simultaneous copies"),
+            );
+        }
         rec.check(
             "idem.claim.atomic",
             effects == 1,
@@ -204,7 +241,7 @@ async fn gate(rec: &mut Rec) {
             );
             return;
         }
-        if effects != 1 || o.executed != 1 {
+        if effects != 1 || o.executed != 1 || !o.other.is_empty() {
             // The evidence is in; later rounds would only spend budget.
             return;
         }
@@ -269,19 +306,19 @@ async fn two_callers(rec: &mut Rec) {
     }
     let m = rec.ctx.manifest.clone();
     for (who, answers, c) in [("alice", &alice, 0usize), ("bob", &bob, 1usize)] {
-        let executed = answers
-            .iter()
-            .filter(|r| (200..300).contains(&r.status) && !r.replayed())
-            .count();
+        let other: &Vec<&Response> = if c == 0 { &bob } else { &alice };
         let foreign = answers
             .iter()
-            .filter(|r| is_error(&m, r, ErrorCode::IdempotencyKeyMismatch))
+            .filter(|r| {
+                is_error(&m, r, ErrorCode::IdempotencyKeyMismatch)
+                    || ((200..300).contains(&r.status) && other.iter().any(|o| o.same_outcome(r)))
+            })
             .count();
         rec.check(
             "idem.scope.caller",
-            executed == 1 && foreign == 0,
-            format!("{who}: one execution of its own operation, no mismatch from the other caller's use of the key"),
-            format!("{executed} execution(s), {foreign} mismatch answer(s)"),
+            foreign == 0,
+            format!("{who}: no mismatch and no response of the other caller"),
+            format!("{foreign} answer(s) shaped by the other caller's use of the key"),
         );
         rec.check_effects(
             "idem.concurrency.single-effect",
@@ -336,8 +373,9 @@ mod tests {
             Err(Failure::Timeout("t".into())),
         ];
         let o = classify(&m, &sent);
-        assert_eq!(o.executed, 2);
+        assert_eq!(o.executed, 2, "the first and the distinct 201");
         assert_eq!(o.identical_replays, 1);
+        assert_eq!(o.unmarked_replays, 0);
         assert_eq!(o.in_use, 2);
         assert_eq!(o.in_use_without_retry_after, 1);
         assert_eq!(o.other.len(), 1, "a replay of something else is neither");

@@ -1,0 +1,72 @@
+//! Shared helpers of the kit's integration tests: the real reference server
+//! as a child process.
+//!
+//! The tests never link the server: they ask Cargo to build the
+//! `idem-server` binary (`idem_conformance::demo::build_server`, the same
+//! path the `demo` command takes; a no-op when it is fresh) or use
+//! `IDEM_SERVER_BIN`, then start it on a temporary SQLite file.
+
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use idem_conformance::demo::{self, Server};
+use idem_conformance::manifest::{self, Loaded};
+use idem_conformance::runner::{self, Options};
+use idem_spec::report::Report;
+
+/// The server binary, or None (with a loud SKIPPED line) when this checkout
+/// has no server binary or lacks the requested features.
+pub fn server_bin(features: &[&str]) -> Option<PathBuf> {
+    // Prebuilt binaries: IDEM_SERVER_BIN (plain) and IDEM_SERVER_FLAWS_BIN
+    // (built with `--features flaws`).
+    let env = if features.is_empty() {
+        demo::SERVER_BIN_ENV
+    } else {
+        "IDEM_SERVER_FLAWS_BIN"
+    };
+    if let Some(p) = std::env::var_os(env) {
+        return Some(PathBuf::from(p));
+    }
+    let root = demo::workspace_root().join("reference-server");
+    if !root.join("src/main.rs").exists() {
+        eprintln!("SKIPPED: reference-server has no binary in this checkout yet");
+        return None;
+    }
+    let cargo_toml = std::fs::read_to_string(root.join("Cargo.toml")).unwrap_or_default();
+    for f in features {
+        if !cargo_toml.contains(&format!("{f} =")) && !cargo_toml.contains(&format!("{f}=")) {
+            eprintln!("SKIPPED: idem-server has no `{f}` feature in this checkout yet");
+            return None;
+        }
+    }
+    Some(demo::build_server(false, features).expect("cargo build -p idem-server"))
+}
+
+/// Starts a server and loads the demo manifest for it.
+pub async fn start(bin: &std::path::Path, extra: &[&str]) -> (Server, Loaded) {
+    let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    let server = Server::start(bin, &extra).await.expect("server starts");
+    let text = demo::manifest_for(&server).await.expect("demo manifest");
+    let loaded = manifest::parse(&text, "demo").expect("demo manifest parses");
+    (server, loaded)
+}
+
+/// Runs every case with a seed.
+pub async fn run(loaded: &Loaded, seed: u64) -> Report {
+    runner::run(
+        loaded,
+        &Options {
+            seed: Some(seed),
+            only: None,
+            progress: false,
+        },
+    )
+    .await
+    .expect("run")
+}
+
+/// The console report, for assertion messages.
+pub fn show(r: &Report) -> String {
+    idem_conformance::report::console::render(r)
+}
