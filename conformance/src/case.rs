@@ -416,6 +416,13 @@ impl Rec {
                 self.note(format!(
                     "the probe counted {n} effect(s) for marker {marker:?}"
                 ));
+                if n != want {
+                    // The one-sentence witness, in the style of Elle's
+                    // anomaly explanations.
+                    self.note(format!(
+                        "so: {why}; the probe counted {n} effect(s); {clause} allows {want}"
+                    ));
+                }
                 self.check(
                     clause,
                     n == want,

@@ -105,6 +105,18 @@ pub fn classify(m: &Manifest, sent: &[Sent]) -> GateObs {
     o
 }
 
+/// Counts equal lines: `27× 201 Idempotent-Replayed: true; 1× 500`.
+pub fn tally(items: &[String]) -> String {
+    let mut t = std::collections::BTreeMap::<&str, usize>::new();
+    for i in items {
+        *t.entry(i.as_str()).or_default() += 1;
+    }
+    t.iter()
+        .map(|(k, c)| format!("{c}× {k}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// Runs one gate round of `n` copies of `req`; narrates and returns the answers.
 pub async fn round(rec: &mut Rec, req: &Request, n: usize, what: &str) -> Vec<Sent> {
     let label_from = rec.next_label();
@@ -157,12 +169,12 @@ async fn gate(rec: &mut Rec) {
             o.executed == 1 && o.other.is_empty(),
             format!("one execution; the rest {in_use} or identical replays"),
             format!(
-                "{} execution(s), {} identical replay(s) ({} without the marker), {} in-use, other: [{}], {} unanswered",
+                "{} execution(s), {} identical replay(s) ({} without the marker), {} in-use, other (replays of a different execution, errors): [{}], {} unanswered",
                 o.executed,
                 o.identical_replays + o.unmarked_replays,
                 o.unmarked_replays,
                 o.in_use,
-                o.other.join("; "),
+                tally(&o.other),
                 o.no_answer
             ),
         );

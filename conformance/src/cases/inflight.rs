@@ -157,7 +157,7 @@ async fn prefer_wait(rec: &mut Rec) {
             o.executed,
             o.identical_replays,
             o.in_use,
-            o.other.join("; ")
+            super::concurrency::tally(&o.other)
         ),
     );
     let responses: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
