@@ -45,6 +45,8 @@ pub enum Need {
     PreferWait,
     /// `endpoints[0].key_required = true`.
     KeyRequired,
+    /// `target.openapi_url`.
+    OpenApi,
 }
 
 impl Need {
@@ -64,6 +66,7 @@ impl Need {
                 m.policy.in_flight == idem_spec::manifest::InFlightMode::ConflictOrWait
             }
             Self::KeyRequired => m.endpoints[0].key_required,
+            Self::OpenApi => m.target.openapi_url.is_some(),
         }
     }
 
@@ -77,6 +80,7 @@ impl Need {
             Self::RejectedBody => "endpoints[0].rejected_body",
             Self::PreferWait => "policy.in_flight = \"conflict_or_wait\"",
             Self::KeyRequired => "endpoints[0].key_required = true",
+            Self::OpenApi => "target.openapi_url",
         }
     }
 }

@@ -271,6 +271,7 @@ pub async fn manifest_for(server: &Server) -> Result<String, Error> {
 [target]
 name = "idem-server (reference, demo)"
 base_url = "{base}"
+openapi_url = "/openapi.json"
 
 [profile]
 base = "reference"

@@ -207,6 +207,8 @@ pub const TEMPLATE: &str = r#"# idem-conformance target manifest.
 name = "my-api (sandbox)"
 # Every path below is joined to this URL. Point it at a sandbox, never production.
 base_url = "http://127.0.0.1:8080"
+# Where you publish your OpenAPI document (checked for x-idempotency.policy):
+# openapi_url = "/openapi.json"
 
 # The status/code table you follow: reference | ietf-draft | stripe | resend.
 [profile]

@@ -177,3 +177,61 @@ async fn forward(client: &reqwest::Client, target: &str, head: &str, body: Vec<u
         status,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A one-route HTTP/1.1 responder on raw tokio sockets that counts the
+    /// requests it served.
+    async fn counting_target() -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let served = Arc::new(AtomicUsize::new(0));
+        let s2 = served.clone();
+        tokio::spawn(async move {
+            while let Ok((mut sock, _)) = listener.accept().await {
+                let s3 = s2.clone();
+                tokio::spawn(async move {
+                    if read_request(&mut sock, Duration::from_secs(5))
+                        .await
+                        .is_some()
+                    {
+                        s3.fetch_add(1, Ordering::SeqCst);
+                        let _ = sock
+                            .write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                            .await;
+                    }
+                });
+            }
+        });
+        (format!("http://{addr}"), served)
+    }
+
+    #[tokio::test]
+    async fn the_target_answers_but_the_client_never_hears() {
+        let (target, served) = counting_target().await;
+        let mut proxy = DropProxy::start(&target, Duration::from_secs(5))
+            .await
+            .expect("proxy");
+        let resp = reqwest::Client::new()
+            .post(format!("{}/v1/transfers?x=1", proxy.base_url))
+            .header("Idempotency-Key", "k1")
+            .body("{\"a\":1}")
+            .send()
+            .await;
+        assert!(resp.is_err(), "the client must see no response: {resp:?}");
+        let d = proxy
+            .next_dropped(Duration::from_secs(5))
+            .await
+            .expect("dropped");
+        assert_eq!(d.status, Some(201));
+        assert!(
+            d.request_line.starts_with("POST /v1/transfers?x=1"),
+            "{d:?}"
+        );
+        assert_eq!(served.load(Ordering::SeqCst), 1, "forwarded exactly once");
+    }
+}

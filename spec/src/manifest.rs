@@ -52,6 +52,10 @@ pub struct Target {
     pub name: String,
     /// Base URL every path is joined to, e.g. `https://sandbox.example.com`.
     pub base_url: String,
+    /// Path (or URL) of the target's OpenAPI document, if it publishes one;
+    /// the kit looks there for the published replay window and retention.
+    #[serde(default)]
+    pub openapi_url: Option<String>,
 }
 
 /// The profile a target declares: one of the published ones, optionally

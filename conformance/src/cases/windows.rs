@@ -4,6 +4,7 @@
 
 use super::{check_replay, fresh};
 use crate::case::{Case, Need, Rec};
+
 use idem_spec::report::Verdict;
 
 /// Seconds of margin on each side of the window edge.
@@ -12,6 +13,19 @@ pub const MARGIN_SECS: u64 = 60;
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
     vec![
+        Case {
+            id: "windows.published",
+            title: "the OpenAPI document publishes the replay window and retention",
+            clauses: &["idem.window.published", "idem.window.retention"],
+            needs: &[Need::OpenApi],
+            permitted: |m| {
+                vec![format!(
+                    "x-idempotency.policy.replay_window_secs = {} (as declared) and retention_secs >= it",
+                    m.policy.replay_window_secs
+                )]
+            },
+            run: |r| Box::pin(published(r)),
+        },
         Case {
             id: "windows.replay-within",
             title: "a duplicate just inside the replay window is replayed",
@@ -123,5 +137,42 @@ async fn expiry(rec: &mut Rec) {
         r3.replayed(),
         "Idempotent-Replayed: true",
         r3.summary(),
+    );
+}
+
+async fn published(rec: &mut Rec) {
+    let Some(path) = rec.ctx.manifest.target.openapi_url.clone() else {
+        return;
+    };
+    let req = crate::http::Request {
+        method: "GET".into(),
+        url: rec.ctx.url(&path),
+        headers: rec.ctx.auth(0),
+        body: None,
+        state_changing: false,
+    };
+    let Some(r) = rec.send(&format!("GET {path}"), &req).await else {
+        return;
+    };
+    let doc = r.json().unwrap_or_default();
+    let policy = doc.pointer("/x-idempotency/policy");
+    let window = policy
+        .and_then(|p| p.get("replay_window_secs"))
+        .and_then(serde_json::Value::as_u64);
+    let retention = policy
+        .and_then(|p| p.get("retention_secs"))
+        .and_then(serde_json::Value::as_u64);
+    let declared = rec.ctx.manifest.policy.replay_window_secs;
+    rec.check(
+        "idem.window.published",
+        window == Some(declared),
+        format!("x-idempotency.policy.replay_window_secs = {declared}"),
+        format!("replay_window_secs = {window:?}"),
+    );
+    rec.check(
+        "idem.window.retention",
+        retention.is_some_and(|t| t >= declared),
+        format!("a published retention_secs of at least the window ({declared} s)"),
+        format!("retention_secs = {retention:?}"),
     );
 }
