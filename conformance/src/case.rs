@@ -135,6 +135,8 @@ pub struct Ctx {
     pub run_id: String,
     /// Seed of the run (amounts and generated sequences derive from it).
     pub seed: u64,
+    /// Where the run writes artifacts (counterexamples).
+    pub artifacts: std::path::PathBuf,
     counter: AtomicU64,
 }
 
@@ -146,8 +148,21 @@ impl Ctx {
             client,
             run_id,
             seed,
+            artifacts: std::path::PathBuf::from("."),
             counter: AtomicU64::new(0),
         }
+    }
+
+    /// Sets the artifacts directory.
+    pub fn with_artifacts(mut self, dir: std::path::PathBuf) -> Self {
+        self.artifacts = dir;
+        self
+    }
+
+    /// A number never handed out before in this run (keys, markers and
+    /// generated-sequence tags draw from it, so re-runs never collide).
+    pub fn unique(&self) -> u64 {
+        self.next()
     }
 
     fn next(&self) -> u64 {

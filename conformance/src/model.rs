@@ -409,7 +409,8 @@ async fn property(rec: &mut Rec) {
         );
         let last = std::sync::Mutex::new(None::<Violation>);
         let outcome = runner.run(&strategy, |ops| {
-            let tag = format!("p{}", c2.fetch_add(1, Ordering::SeqCst));
+            c2.fetch_add(1, Ordering::SeqCst);
+            let tag = format!("p{}", ctx2.unique());
             match handle.block_on(execute(&ctx2, &ops, &tag)) {
                 Ok(_) => Ok(()),
                 Err(v) => {
@@ -444,21 +445,21 @@ async fn property(rec: &mut Rec) {
         }
         Ok(Err(Some((ops, Some(v))))) => {
             // Re-run the shrunk sequence once more for its own narrative.
-            let final_v = execute(
-                &ctx,
-                &ops,
-                &format!("p{}", counter.fetch_add(1, Ordering::SeqCst)),
-            )
-            .await
-            .err()
-            .unwrap_or(v);
+            let final_v = execute(&ctx, &ops, &format!("p{}", ctx.unique()))
+                .await
+                .err()
+                .unwrap_or(v);
             let cx = Counterexample {
                 kit_version: crate::KIT_VERSION.to_owned(),
                 seed,
                 ops: ops.clone(),
                 violation: final_v.clone(),
             };
-            let file = format!("idem-counterexample-{}.json", ctx.run_id);
+            let file = ctx
+                .artifacts
+                .join(format!("idem-counterexample-{}.json", ctx.run_id))
+                .display()
+                .to_string();
             let saved = serde_json::to_string_pretty(&cx)
                 .map_err(|e| e.to_string())
                 .and_then(|s| std::fs::write(&file, s).map_err(|e| e.to_string()));

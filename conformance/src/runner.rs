@@ -22,6 +22,8 @@ pub struct Options {
     pub only: Option<String>,
     /// Show a progress bar on stderr.
     pub progress: bool,
+    /// Where counterexamples are written (default: the current directory).
+    pub artifacts_dir: Option<std::path::PathBuf>,
 }
 
 /// The cases a run with `opts` executes, in order.
@@ -71,12 +73,13 @@ pub async fn run(loaded: &Loaded, opts: &Options) -> Result<Report, Error> {
         .seed
         .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
     let client = client(loaded)?;
-    let ctx = Arc::new(Ctx::new(
-        loaded.manifest.clone(),
-        client.clone(),
-        run_id(),
-        seed,
-    ));
+    let ctx = Arc::new(
+        Ctx::new(loaded.manifest.clone(), client.clone(), run_id(), seed).with_artifacts(
+            opts.artifacts_dir
+                .clone()
+                .unwrap_or_else(|| std::path::PathBuf::from(".")),
+        ),
+    );
     let plan = plan(opts);
     let bar = if opts.progress {
         let b = indicatif::ProgressBar::new(plan.len() as u64);

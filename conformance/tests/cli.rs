@@ -75,6 +75,7 @@ async fn an_unreachable_target_is_a_harness_error_with_its_own_exit_code() {
             seed: Some(3),
             only: Some("keys.*".into()),
             progress: false,
+            artifacts_dir: Some(std::env::temp_dir()),
         },
     )
     .await

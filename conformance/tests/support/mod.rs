@@ -60,6 +60,7 @@ pub async fn run(loaded: &Loaded, seed: u64) -> Report {
             seed: Some(seed),
             only: None,
             progress: false,
+            artifacts_dir: Some(std::env::temp_dir()),
         },
     )
     .await
