@@ -282,3 +282,114 @@ pub fn clause_matrix(cases: &[CaseReport]) -> Vec<ClauseReport> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idem_spec::manifest::Waiver;
+    use idem_spec::report::CheckReport;
+
+    fn case(id: &str, clause: &str, verdict: Verdict) -> CaseReport {
+        CaseReport {
+            id: id.into(),
+            family: "f".into(),
+            title: String::new(),
+            tier: Level::Must,
+            clauses: vec![clause.into()],
+            verdict,
+            reason: None,
+            checks: if matches!(verdict, Verdict::Pass | Verdict::Fail) {
+                vec![CheckReport {
+                    clause: clause.into(),
+                    level: Level::Must,
+                    verdict,
+                    permitted: String::new(),
+                    observed: String::new(),
+                }]
+            } else {
+                vec![]
+            },
+            narrative: vec![],
+            reproduction: vec![],
+            waived: None,
+            duration_ms: 0,
+        }
+    }
+
+    fn report(cases: Vec<CaseReport>) -> Report {
+        Report {
+            kit_version: String::new(),
+            contract_version: String::new(),
+            profile: String::new(),
+            manifest_sha256: String::new(),
+            target: String::new(),
+            base_url: String::new(),
+            run_id: String::new(),
+            seed: 0,
+            started_unix_secs: 0,
+            duration_ms: 0,
+            side_effect_requests: 0,
+            requests: 0,
+            cases,
+            clauses: vec![],
+            waivers: vec![],
+            summary: empty_summary(),
+        }
+    }
+
+    // clause: idem.scope.caller, idem.window.expiry
+    #[test]
+    fn exit_code_follows_unwaived_must_failures_and_harness_errors() {
+        let mut r = report(vec![
+            case("a.one", "idem.scope.caller", Verdict::Pass),
+            case("b.two", "idem.window.expiry", Verdict::Fail),
+        ]);
+        finish(&mut r, &[]);
+        assert_eq!(r.summary.exit_code, EXIT_FAIL);
+        assert_eq!(r.summary.must_clauses_failed, vec!["idem.window.expiry"]);
+
+        let mut r = report(vec![
+            case("a.one", "idem.scope.caller", Verdict::Pass),
+            case("b.two", "idem.window.expiry", Verdict::Fail),
+        ]);
+        let w = Waiver {
+            case: "b.*".into(),
+            reason: "clock frozen in sandbox".into(),
+            link: None,
+        };
+        finish(&mut r, &[w]);
+        assert_eq!(
+            r.summary.exit_code, EXIT_PASS,
+            "a waived failure does not fail the run"
+        );
+        assert_eq!(r.summary.fail, 1, "but it is still counted and shown");
+        assert_eq!(r.waivers[0].stale, None);
+
+        let mut r = report(vec![case("a.one", "idem.scope.caller", Verdict::Error)]);
+        finish(&mut r, &[]);
+        assert_eq!(r.summary.exit_code, EXIT_HARNESS);
+    }
+
+    // clause: idem.scope.caller
+    #[test]
+    fn a_clause_is_never_passed_without_a_passing_check() {
+        let matrix = clause_matrix(&[
+            case("a.one", "idem.scope.caller", Verdict::Unsupported),
+            case("b.two", "idem.window.expiry", Verdict::Inconclusive),
+            case("c.three", "idem.replay.marker", Verdict::Pass),
+        ]);
+        let get = |id: &str| matrix.iter().find(|c| c.id == id).map(|c| c.verdict);
+        assert_eq!(get("idem.scope.caller"), Some(Verdict::Unsupported));
+        assert_eq!(get("idem.window.expiry"), Some(Verdict::Inconclusive));
+        assert_eq!(get("idem.replay.marker"), Some(Verdict::Pass));
+        assert_eq!(
+            get("idem.lease.fencing"),
+            Some(Verdict::Unsupported),
+            "no case ran it"
+        );
+        assert!(
+            matrix.iter().all(|c| !c.id.starts_with("idem.client.")),
+            "server clauses only"
+        );
+    }
+}
