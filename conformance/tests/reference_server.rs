@@ -8,7 +8,7 @@ use idem_spec::report::{Report, Verdict};
 // clause: idem.replay.verbatim, idem.concurrency.single-effect, idem.scope.caller, idem.fingerprint.mismatch, idem.window.expiry
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reference_server_conforms_across_seeds() {
-    let Some(bin) = support::server_bin(&[]) else {
+    let Some(bin) = support::unflawed_server_bin() else {
         return;
     };
     for seed in [1, 2, 3] {
@@ -49,7 +49,7 @@ async fn reference_server_conforms_across_seeds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reports_render_from_one_model() {
-    let Some(bin) = support::server_bin(&[]) else {
+    let Some(bin) = support::unflawed_server_bin() else {
         return;
     };
     let (_server, loaded) = support::start(&bin, &[]).await;
@@ -74,7 +74,7 @@ async fn reports_render_from_one_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_counterexample_replays_against_a_conforming_server_as_fixed() {
-    let Some(bin) = support::server_bin(&[]) else {
+    let Some(bin) = support::unflawed_server_bin() else {
         return;
     };
     let (_server, loaded) = support::start(&bin, &[]).await;

@@ -71,3 +71,20 @@ pub async fn run(loaded: &Loaded, seed: u64) -> Report {
 pub fn show(r: &Report) -> String {
     idem_conformance::report::console::render(r)
 }
+
+/// A conforming server binary for the unflawed runs. Prefers the `flaws`
+/// build (no `--flaw` given means no flaw is on), so one test run builds
+/// idem-server once instead of toggling its features back and forth.
+pub fn unflawed_server_bin() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(demo::SERVER_BIN_ENV) {
+        return Some(PathBuf::from(p));
+    }
+    let root = demo::workspace_root().join("reference-server");
+    let has_flaws = std::fs::read_to_string(root.join("Cargo.toml"))
+        .is_ok_and(|t| t.contains("flaws =") || t.contains("flaws="));
+    if has_flaws {
+        server_bin(&["flaws"])
+    } else {
+        server_bin(&[])
+    }
+}
