@@ -201,12 +201,12 @@ pub async fn run(
     let server = Server::start(&bin, &extra).await?;
     eprintln!("demo: reference server at {}", server.base_url);
     let text = manifest_for(&server).await?;
-    let path = PathBuf::from("idem-demo-target.toml");
+    let path = PathBuf::from("idem-report-demo-target.toml");
     std::fs::write(&path, &text).map_err(|source| Error::Io {
         path: path.clone(),
         source,
     })?;
-    let loaded = crate::manifest::parse(&text, "idem-demo-target.toml")?;
+    let loaded = crate::manifest::parse(&text, "idem-report-demo-target.toml")?;
     let report = crate::runner::run(&loaded, &opts).await?;
     let code = crate::commands::emit(&report, out)?;
     eprintln!(

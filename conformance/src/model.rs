@@ -457,7 +457,7 @@ async fn property(rec: &mut Rec) {
             };
             let file = ctx
                 .artifacts
-                .join(format!("idem-counterexample-{}.json", ctx.run_id))
+                .join(format!("idem-report-counterexample-{}.json", ctx.run_id))
                 .display()
                 .to_string();
             let saved = serde_json::to_string_pretty(&cx)
