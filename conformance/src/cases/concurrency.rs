@@ -120,14 +120,17 @@ pub fn tally(items: &[String]) -> String {
 /// Runs one gate round of `n` copies of `req`; narrates and returns the answers.
 pub async fn round(rec: &mut Rec, req: &Request, n: usize, what: &str) -> Vec<Sent> {
     let label_from = rec.next_label();
+    let mut label_to = label_from.clone();
     for _ in 1..n {
-        rec.next_label();
+        label_to = rec.next_label();
     }
     rec.reproduction.push(format!(
         "# {label_from} and the next {} requests: {n} copies sent at once\n{}",
         n - 1,
         rec.ctx.client.curl(req)
     ));
+    // Pre-open the connections so the copies leave together.
+    rec.ctx.client.warm(&rec.ctx.url("/"), n).await;
     let sent = rec.ctx.client.burst(vec![req.clone(); n]).await;
     let mut tally = std::collections::BTreeMap::<String, usize>::new();
     for s in &sent {
@@ -139,7 +142,7 @@ pub async fn round(rec: &mut Rec, req: &Request, n: usize, what: &str) -> Vec<Se
     }
     let parts: Vec<String> = tally.iter().map(|(k, c)| format!("{c}× {k}")).collect();
     rec.note(format!(
-        "{label_from}..: {what}, {n} copies released together at a barrier → {}",
+        "{label_from}..{label_to}: {what}, {n} copies released together at a barrier → {}",
         parts.join(", ")
     ));
     sent
@@ -292,8 +295,9 @@ async fn two_callers(rec: &mut Rec) {
         batch.push(reqs[1].clone());
     }
     let first = rec.next_label();
+    let mut last = first.clone();
     for _ in 1..batch.len() {
-        rec.next_label();
+        last = rec.next_label();
     }
     let sent = rec.ctx.client.burst(batch).await;
     let alice: Vec<&Response> = sent
@@ -308,7 +312,7 @@ async fn two_callers(rec: &mut Rec) {
         .filter_map(|s| s.as_ref().ok())
         .collect();
     rec.note(format!(
-        "{first}..: alice and bob each send {n} copies of their own operation with {a}, all released together"
+        "{first}..{last}: alice and bob each send {n} copies of their own operation with {a}, all released together"
     ));
     if alice.len() + bob.len() < sent.len() {
         rec.stop(
