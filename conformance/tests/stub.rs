@@ -305,8 +305,12 @@ property_sequences = 6
 
 async fn run(breaks: Breaks) -> idem_spec::report::Report {
     let base = serve(breaks).await;
+    run_with(manifest_for(&base)).await
+}
+
+async fn run_with(loaded: manifest::Loaded) -> idem_spec::report::Report {
     runner::run(
-        &manifest_for(&base),
+        &loaded,
         &runner::Options {
             seed: Some(42),
             only: None,
@@ -401,4 +405,31 @@ async fn a_double_with_global_keys_fails_idem_scope_caller() {
         .find(|c| c.id == "scope.other-caller")
         .expect("case");
     assert_eq!(s.verdict, Verdict::Fail);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_run_stops_before_the_side_effect_budget_is_exceeded() {
+    let base = serve(Breaks::default()).await;
+    let mut loaded = manifest_for(&base);
+    loaded.manifest.limits.max_side_effects = 25;
+    let r = run_with(loaded).await;
+    assert!(
+        r.side_effect_requests <= 25,
+        "sent {} state-changing requests",
+        r.side_effect_requests
+    );
+    let starved: Vec<&str> = r
+        .cases
+        .iter()
+        .filter(|c| {
+            c.verdict == Verdict::Error && c.reason.as_deref().is_some_and(|s| s.contains("budget"))
+        })
+        .map(|c| c.id.as_str())
+        .collect();
+    assert!(starved.contains(&"concurrency.gate"), "{starved:?}");
+    assert!(
+        r.summary.must_clauses_failed.is_empty(),
+        "running out of budget is not a target failure"
+    );
+    assert_eq!(r.summary.exit_code, idem_conformance::EXIT_HARNESS);
 }
