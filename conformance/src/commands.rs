@@ -49,6 +49,9 @@ pub enum Command {
         /// Start the server with this deliberate flaw (needs the server's `flaws` feature).
         #[arg(long)]
         flaw: Option<String>,
+        /// Serve, and check, this profile: reference, ietf-draft, stripe or resend.
+        #[arg(long, default_value = "reference", value_parser = parse_profile)]
+        profile: idem_spec::Profile,
         /// Reports.
         #[command(flatten)]
         out: Outputs,
@@ -97,6 +100,12 @@ pub enum Command {
     },
 }
 
+fn parse_profile(s: &str) -> Result<idem_spec::Profile, String> {
+    idem_spec::Profile::from_name(s).ok_or_else(|| {
+        format!("unknown profile {s:?}; expected reference, ietf-draft, stripe or resend")
+    })
+}
+
 /// Runs a parsed command line; returns the process exit code.
 pub async fn execute(cli: Cli) -> i32 {
     let result = match cli.command {
@@ -104,6 +113,7 @@ pub async fn execute(cli: Cli) -> i32 {
             seed,
             only,
             flaw,
+            profile,
             out,
         } => {
             crate::demo::run(
@@ -114,6 +124,7 @@ pub async fn execute(cli: Cli) -> i32 {
                     artifacts_dir: Some(out.artifacts_dir.clone()),
                 },
                 flaw,
+                profile,
                 &out,
             )
             .await

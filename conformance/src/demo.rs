@@ -184,6 +184,7 @@ impl Server {
 pub async fn run(
     opts: crate::runner::Options,
     flaw: Option<String>,
+    profile: idem_spec::Profile,
     out: &crate::commands::Outputs,
 ) -> Result<i32, Error> {
     let features: &[&str] = if flaw.is_some() { &["flaws"] } else { &[] };
@@ -198,9 +199,10 @@ pub async fn run(
     if let Some(f) = &flaw {
         extra.extend(["--flaw".to_owned(), f.clone()]);
     }
+    extra.extend(["--profile".to_owned(), profile.as_str().to_owned()]);
     let server = Server::start(&bin, &extra).await?;
     eprintln!("demo: reference server at {}", server.base_url);
-    let text = manifest_for(&server).await?;
+    let text = manifest_for(&server, profile).await?;
     let path = PathBuf::from("idem-report-demo-target.toml");
     std::fs::write(&path, &text).map_err(|source| Error::Io {
         path: path.clone(),
@@ -258,7 +260,8 @@ async fn accounts(base_url: &str, token: &str) -> Result<(String, String), Error
 /// Writes the manifest for a running reference server: two callers from
 /// the tokens it printed, their accounts, the transfer endpoint, the clock
 /// hook (the demo starts it with `--test-hooks`).
-pub async fn manifest_for(server: &Server) -> Result<String, Error> {
+/// `profile` is the profile the manifest declares.
+pub async fn manifest_for(server: &Server, profile: idem_spec::Profile) -> Result<String, Error> {
     let mut callers = String::new();
     for (name, tok) in &server.tokens {
         let (from, to) = accounts(&server.base_url, tok).await?;
@@ -274,7 +277,7 @@ base_url = "{base}"
 openapi_url = "/openapi.json"
 
 [profile]
-base = "reference"
+base = "{profile}"
 
 {callers}[[endpoints]]
 name = "create transfer"
@@ -303,6 +306,7 @@ concurrency = 32
 request_timeout_ms = 10000
 property_sequences = 12
 "#,
-        base = server.base_url
+        base = server.base_url,
+        profile = profile.as_str()
     ))
 }

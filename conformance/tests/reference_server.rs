@@ -123,3 +123,31 @@ async fn a_counterexample_replays_against_a_conforming_server_as_fixed() {
         .expect("replay");
     assert_eq!(code, idem_conformance::EXIT_PASS);
 }
+
+// clause: idem.errors.profiles, idem.fingerprint.mismatch
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_profile_passes_when_declared_and_fails_when_misdeclared() {
+    use idem_spec::Profile;
+    let Some(bin) = support::unflawed_server_bin() else {
+        return;
+    };
+    for p in Profile::ALL {
+        let (_server, loaded) = support::start_declaring(&bin, &["--profile", p.as_str()], p).await;
+        let r = support::run(&loaded, 5).await;
+        assert_eq!(r.summary.exit_code, 0, "{p}\n{}", support::show(&r));
+        assert!(r.summary.pass >= 20, "{p}\n{}", support::show(&r));
+    }
+    // The server answers mismatches with 422 (ietf-draft); the manifest
+    // claims the reference profile's 409: the kit must say so.
+    let (_server, loaded) =
+        support::start_declaring(&bin, &["--profile", "ietf-draft"], Profile::Reference).await;
+    let r = support::run_only(&loaded, 5, Some("mismatch.*")).await;
+    assert!(
+        r.summary
+            .must_clauses_failed
+            .iter()
+            .any(|c| c == "idem.errors.profiles"),
+        "{}",
+        support::show(&r)
+    );
+}

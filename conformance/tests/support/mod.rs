@@ -45,20 +45,36 @@ pub fn server_bin(features: &[&str]) -> Option<PathBuf> {
 
 /// Starts a server and loads the demo manifest for it.
 pub async fn start(bin: &std::path::Path, extra: &[&str]) -> (Server, Loaded) {
+    start_declaring(bin, extra, idem_spec::Profile::Reference).await
+}
+
+/// Starts a server and loads a demo manifest declaring `profile`.
+pub async fn start_declaring(
+    bin: &std::path::Path,
+    extra: &[&str],
+    profile: idem_spec::Profile,
+) -> (Server, Loaded) {
     let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
     let server = Server::start(bin, &extra).await.expect("server starts");
-    let text = demo::manifest_for(&server).await.expect("demo manifest");
+    let text = demo::manifest_for(&server, profile)
+        .await
+        .expect("demo manifest");
     let loaded = manifest::parse(&text, "demo").expect("demo manifest parses");
     (server, loaded)
 }
 
 /// Runs every case with a seed.
 pub async fn run(loaded: &Loaded, seed: u64) -> Report {
+    run_only(loaded, seed, None).await
+}
+
+/// Runs the cases matching `only` with a seed.
+pub async fn run_only(loaded: &Loaded, seed: u64, only: Option<&str>) -> Report {
     runner::run(
         loaded,
         &Options {
             seed: Some(seed),
-            only: None,
+            only: only.map(str::to_owned),
             progress: false,
             artifacts_dir: Some(std::env::temp_dir()),
         },
