@@ -292,7 +292,7 @@ in_flight = "conflict_or_wait"
 
 [probe]
 kind = "list"
-url = "/v1/transfers"
+url = "/v1/transfers?memo={{{{marker}}}}"
 items_pointer = "/transfers"
 match_pointer = "/memo"
 
