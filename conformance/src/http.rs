@@ -94,11 +94,8 @@ impl Response {
         if let Some(c) = self.code() {
             s.push_str(&format!(" code={c}"));
         }
-        if self.status == 409 {
-            match self.header("retry-after") {
-                Some(v) => s.push_str(&format!(" Retry-After: {v}")),
-                None => s.push_str(" (no Retry-After)"),
-            }
+        if let Some(v) = self.header("retry-after") {
+            s.push_str(&format!(" Retry-After: {v}"));
         }
         s
     }

@@ -87,6 +87,9 @@ pub struct Violation {
     pub observed: String,
     /// The sequence, narrated.
     pub narrative: Vec<String>,
+    /// `curl` commands for the sequence's requests, secrets redacted.
+    #[serde(default)]
+    pub reproduction: Vec<String>,
 }
 
 /// A saved counterexample: replayable against any target.
@@ -134,6 +137,21 @@ pub fn sequence(with_clock: bool, window: u64) -> impl Strategy<Value = Vec<Op>>
 /// Executes one sequence with fresh keys tagged `tag`; checks every answer
 /// against the model and, at the end, every marker's effect count.
 pub async fn execute(ctx: &Ctx, ops: &[Op], tag: &str) -> Result<usize, Violation> {
+    let mut repro = Vec::new();
+    execute_recording(ctx, ops, tag, &mut repro)
+        .await
+        .map_err(|mut v| {
+            v.reproduction = repro;
+            v
+        })
+}
+
+async fn execute_recording(
+    ctx: &Ctx,
+    ops: &[Op],
+    tag: &str,
+    repro: &mut Vec<String>,
+) -> Result<usize, Violation> {
     let mut model = Model {
         window: ctx.manifest.policy.replay_window_secs,
         ..Model::default()
@@ -147,6 +165,7 @@ pub async fn execute(ctx: &Ctx, ops: &[Op], tag: &str) -> Result<usize, Violatio
             permitted,
             observed,
             narrative: narrative.clone(),
+            reproduction: Vec::new(),
         };
     for (i, op) in ops.iter().enumerate() {
         let step = format!("S{}", i + 1);
@@ -164,6 +183,9 @@ pub async fn execute(ctx: &Ctx, ops: &[Op], tag: &str) -> Result<usize, Violatio
                 let (now, window) = (model.now, model.window);
                 model.keys.retain(|_, s| now - s.at <= window);
                 narrative.push(format!("{step}: the clock advances {secs} s"));
+                repro.push(format!(
+                    "# {step}: advance the clock {secs} s through hooks.clock"
+                ));
             }
             Op::Send {
                 caller,
@@ -190,6 +212,15 @@ pub async fn execute(ctx: &Ctx, ops: &[Op], tag: &str) -> Result<usize, Violatio
                     1 + u64::from(key) * 3 + u64::from(variant) * 11,
                 );
                 let req = ctx.op(caller as usize, Some(&keyname), &body);
+                repro.push(format!(
+                    "# {step}{}\n{}",
+                    if n > 1 {
+                        format!(" ({n} copies at once)")
+                    } else {
+                        String::new()
+                    },
+                    ctx.client.curl(&req)
+                ));
                 let sent = if n == 1 {
                     vec![ctx.client.send(&req).await]
                 } else {
@@ -425,7 +456,7 @@ async fn property(rec: &mut Rec) {
         let last = last.into_inner().ok().flatten();
         match outcome {
             Ok(()) => Ok(()),
-            Err(TestError::Fail(_, ops)) => Err(Some((ops, last))),
+            Err(TestError::Fail(_, ops)) => Err(Some(Box::new((ops, last)))),
             Err(TestError::Abort(_)) => Err(None),
         }
     })
@@ -443,7 +474,9 @@ async fn property(rec: &mut Rec) {
                 );
             }
         }
-        Ok(Err(Some((ops, Some(v))))) => {
+        Ok(Err(Some(found))) if found.1.is_some() => {
+            let (ops, v) = *found;
+            let Some(v) = v else { return };
             // Re-run the shrunk sequence once more for its own narrative.
             let final_v = execute(&ctx, &ops, &format!("p{}", ctx.unique()))
                 .await
@@ -470,6 +503,8 @@ async fn property(rec: &mut Rec) {
             for l in &final_v.narrative {
                 rec.note(l.clone());
             }
+            rec.reproduction
+                .extend(final_v.reproduction.iter().cloned());
             match saved {
                 Ok(()) => rec.note(format!(
                     "saved as {file}; re-run with: idem-conformance replay {file} --target MANIFEST"
@@ -517,6 +552,7 @@ mod tests {
                 permitted: "p".into(),
                 observed: "o".into(),
                 narrative: vec![],
+                reproduction: vec![],
             },
         };
         let s = serde_json::to_string(&cx).expect("serialise");

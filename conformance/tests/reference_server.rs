@@ -116,6 +116,7 @@ async fn a_counterexample_replays_against_a_conforming_server_as_fixed() {
             permitted: String::new(),
             observed: String::new(),
             narrative: vec![],
+            reproduction: vec![],
         },
     };
     let code = idem_conformance::commands::replay_loaded(&cx, &loaded)
