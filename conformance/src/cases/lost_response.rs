@@ -51,7 +51,7 @@ async fn dropped(rec: &mut Rec) {
         rec.ctx.client.curl(&req)
     ));
     let lost = rec.ctx.client.send(&via).await;
-    let dropped = proxy.next_dropped(HOLD).await;
+    let dropped = proxy.next_dropped(timeout + HOLD).await;
     match (&lost, &dropped) {
         (Err(_), Some(d)) => rec.note(format!(
             "{label}: alice sends with {a} through the proxy; the target answered {}, the proxy dropped it, alice saw no response",
