@@ -28,7 +28,8 @@
 //!
 //! Side effects outside the database (emails, calls to other services)
 //! cannot join the transaction: if the endpoint has any, it is a multi-step
-//! endpoint and needs recovery points, not this single-phase pattern.
+//! endpoint and needs recovery points, not this single-phase pattern: see
+//! [`crate::multistep`] (`POST /v1/payments` is the worked example).
 //!
 //! ```
 //! use axum::{Json, Router, http::StatusCode, routing::post};

@@ -456,6 +456,40 @@ async fn the_reaper_reports_an_unfinished_payment_and_its_writer_is_fenced(backe
 }
 both!(the_reaper_reports_an_unfinished_payment_and_its_writer_is_fenced);
 
+// clause: idem.failure.5xx-not-stored
+#[tokio::test]
+async fn an_unreachable_processor_is_a_503_that_keeps_the_payment() {
+    let db = TestDb::new(Backend::Sqlite, "ms_unreach").await.unwrap();
+    // A port nothing listens on: bind one, then free it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let app = support::app(
+        &db,
+        &["--processor-url", &url, "--processor-timeout-secs", "5"],
+    )
+    .await;
+    let r = send(&app.router, payment("ur-1", BODY, None)).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", r.body);
+    assert_eq!(r.problem_code(), "upstream_unavailable");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    let rec = app
+        .state
+        .store
+        .lookup("alice", "ur-1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rec.state, KeyState::InFlight);
+    assert_eq!(rec.recovery_point, "payment_created");
+    assert!(rec.response.is_none(), "a 503 is never stored");
+    let p = payment_by_key(&app.router, "ur-1").await.unwrap();
+    assert_eq!(p["status"], "pending");
+}
+
 // clause: idem.failure.unclaimed
 #[tokio::test]
 async fn without_a_processor_payments_answer_a_clear_503() {
