@@ -9,7 +9,36 @@ fn valid_key() -> impl Strategy<Value = String> {
         .prop_map(|v| v.into_iter().map(char::from).collect())
 }
 
+fn published_pattern() -> regex::Regex {
+    regex::Regex::new(idem_spec::key::HEADER_VALUE_PATTERN).expect("pattern compiles")
+}
+
 proptest! {
+    // The OpenAPI pattern is what other tools validate headers against; it
+    // must accept exactly what the parser accepts (length is a separate
+    // maxLength rule, and surrounding whitespace is stripped by HTTP).
+    // clause: idem.key.syntax
+    #[test]
+    fn published_pattern_agrees_with_the_parser(
+        v in proptest::collection::vec(
+            prop_oneof![
+                4 => b'a'..=b'z',
+                2 => 0x21u8..=0x7E,
+                1 => Just(b' '),
+                1 => Just(b'"'),
+                1 => Just(b'\\'),
+                1 => Just(b'\t'),
+                1 => 0u8..0x20,
+            ],
+            1..12,
+        )
+    ) {
+        let s: String = v.into_iter().map(char::from).collect();
+        prop_assume!(s == s.trim_matches([' ', '\t']));
+        let parsed = IdempotencyKey::parse(&s);
+        prop_assert_eq!(published_pattern().is_match(&s), parsed.is_ok(), "value {:?} parser says {:?}", s, parsed);
+    }
+
     // clause: idem.key.syntax
     #[test]
     fn accepted_keys_obey_the_rules_and_survive_quoting(k in valid_key()) {
