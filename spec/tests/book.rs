@@ -1045,16 +1045,15 @@ fn jitter_table() -> String {
     let mut decor = SplitMix64(SEED);
     let mut prev = BASE_MS;
     let mut s = String::from(
-        "| Retry n | Ceiling min(20 s, 500 ms × 2ⁿ) | None | Full (default) | Equal | Decorrelated |\n\
-         |---|---|---|---|---|---|\n",
+        "| Retry n | Exponential, no jitter: min(20 s, 500 ms × 2ⁿ) | Full (default) | Equal | Decorrelated |\n\
+         |---|---|---|---|---|\n",
     );
     for n in 0..7 {
         let d = decorrelated_jitter_ms(prev, &mut decor);
         prev = d;
         writeln!(
             s,
-            "| {n} | {} | {} | {} | {} | {} |",
-            ms(ceiling_ms(n)),
+            "| {n} | {} | {} | {} | {} |",
             ms(no_jitter_ms(n)),
             ms(full_jitter_ms(n, &mut full)),
             ms(equal_jitter_ms(n, &mut equal)),
