@@ -257,6 +257,59 @@ fn clause_checker_rejects_malformed_and_duplicated_labels() {
     );
 }
 
+/// Every clause ID the text mentions (`idem.` followed by two or more
+/// dot-separated segments), label lines included, with sentence-ending dots
+/// trimmed.
+fn clause_mentions(text: &str) -> Vec<String> {
+    let is_id_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    let mut out = Vec::new();
+    for (pos, _) in text.match_indices("idem.") {
+        let before = text[..pos].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let rest = &text[pos..];
+        let end = rest.find(|c: char| !is_id_char(c)).unwrap_or(rest.len());
+        let id = rest[..end].trim_end_matches('.');
+        if id.matches('.').count() >= 2 {
+            out.push(id.to_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn every_clause_the_book_mentions_exists() {
+    let known: BTreeSet<&str> = clauses::all().iter().map(|c| c.id.as_str()).collect();
+    let mut unknown = Vec::new();
+    for (page, text) in book_pages() {
+        for id in clause_mentions(&text) {
+            if !known.contains(id.as_str()) {
+                unknown.push(format!("{page}: {id}"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "unknown clauses mentioned:\n{}",
+        unknown.join("\n")
+    );
+}
+
+#[test]
+fn clause_mentions_are_found_in_prose_code_and_links() {
+    let text = "See `idem.replay.verbatim`. Also [x](responses.md#r-idem.claim.atomic) \
+                and idem.window.replay, not idemkit.dev or idem.one or my_idem.a.b.";
+    assert_eq!(
+        clause_mentions(text),
+        [
+            concat!("idem.", "replay.verbatim"),
+            concat!("idem.", "claim.atomic"),
+            concat!("idem.", "window.replay")
+        ]
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Links, anchors and includes
 
