@@ -925,43 +925,48 @@ impl SplitMix64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    /// Uniform whole milliseconds in [lo, hi).
+    /// Uniform whole microseconds in [lo, hi): lo + floor(u * (hi - lo)),
+    /// or lo when the range is empty. One output per draw, always.
     fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + (self.next_unit() * (hi - lo) as f64) as u64
+        let u = self.next_unit();
+        if hi <= lo {
+            return lo;
+        }
+        lo + (u * (hi - lo) as f64) as u64
     }
 }
 
-const BASE_MS: u64 = 500;
-const CAP_MS: u64 = 20_000;
+const BASE_US: u64 = 500_000;
+const CAP_US: u64 = 20_000_000;
 
 /// The ceiling before retry `n`, where `n` counts the retries already made
 /// (0 before the first retry): min(cap, base * 2^n).
-fn ceiling_ms(n: u32) -> u64 {
+fn ceiling_us(n: u32) -> u64 {
     let factor = 1u64.checked_shl(n).unwrap_or(u64::MAX);
-    CAP_MS.min(BASE_MS.saturating_mul(factor))
+    CAP_US.min(BASE_US.saturating_mul(factor))
 }
 
 /// Full jitter (the default): random(0, ceiling).
-fn full_jitter_ms(n: u32, rng: &mut SplitMix64) -> u64 {
-    rng.between(0, ceiling_ms(n))
+fn full_jitter_us(n: u32, rng: &mut SplitMix64) -> u64 {
+    rng.between(0, ceiling_us(n))
 }
 
 /// Equal jitter: half the ceiling, plus random(0, half the ceiling).
-fn equal_jitter_ms(n: u32, rng: &mut SplitMix64) -> u64 {
-    let half = ceiling_ms(n) / 2;
+fn equal_jitter_us(n: u32, rng: &mut SplitMix64) -> u64 {
+    let half = ceiling_us(n) / 2;
     half + rng.between(0, half)
 }
 
 /// Decorrelated jitter: min(cap, random(base, 3 * previous sleep)), where the
 /// previous sleep starts at base. It ignores `n` and keeps its own state.
-fn decorrelated_jitter_ms(previous_ms: u64, rng: &mut SplitMix64) -> u64 {
-    CAP_MS.min(rng.between(BASE_MS, 3 * previous_ms))
+fn decorrelated_jitter_us(previous_us: u64, rng: &mut SplitMix64) -> u64 {
+    CAP_US.min(rng.between(BASE_US, 3 * previous_us))
 }
 
 /// No jitter: the ceiling itself. Every client that failed together retries
 /// together, which is the failure mode jitter exists to break.
-fn no_jitter_ms(n: u32) -> u64 {
-    ceiling_ms(n)
+fn no_jitter_us(n: u32) -> u64 {
+    ceiling_us(n)
 }
 // ANCHOR_END: jitter
 
@@ -969,18 +974,18 @@ fn no_jitter_ms(n: u32) -> u64 {
 /// What one attempt produced, as a retry loop sees it.
 #[derive(Debug, Clone, Copy)]
 enum Outcome {
-    /// A response arrived after `took_ms`. `in_use` is true when the body is
+    /// A response arrived after `took_us`. `in_use` is true when the body is
     /// a problem with code `idempotency_key_in_use`; `retry_after_s` is the
     /// `Retry-After` header in seconds, if any.
     Response {
         status: u16,
         in_use: bool,
         retry_after_s: Option<u64>,
-        took_ms: u64,
+        took_us: u64,
     },
     /// No response: connection refused or reset, or the attempt's timeout
     /// fired. The request may or may not have been executed.
-    NoResponse { took_ms: u64 },
+    NoResponse { took_us: u64 },
 }
 
 /// The allowlist. Every request this loop sends carries an idempotency key,
@@ -997,15 +1002,15 @@ fn retryable(outcome: Outcome) -> bool {
 }
 
 const MAX_ATTEMPTS: u32 = 3;
-const DEADLINE_MS: u64 = 30_000;
-const ATTEMPT_TIMEOUT_MS: u64 = 10_000;
+const DEADLINE_US: u64 = 30_000_000;
+const ATTEMPT_TIMEOUT_US: u64 = 10_000_000;
 
 /// One line of a retry schedule.
 #[derive(Debug, Clone)]
 struct Step {
     attempt: u32,
-    start_ms: u64,
-    timeout_ms: u64,
+    start_us: u64,
+    timeout_us: u64,
     outcome: Outcome,
     decision: Decision,
 }
@@ -1014,14 +1019,14 @@ struct Step {
 enum Decision {
     Done,
     Retry {
-        ceiling_ms: u64,
-        drawn_ms: u64,
-        delay_ms: u64,
+        ceiling_us: u64,
+        drawn_us: u64,
+        delay_us: u64,
     },
     GiveUp(&'static str),
 }
 
-/// A complete retry loop. `send(attempt, timeout_ms)` performs one attempt,
+/// A complete retry loop. `send(attempt, timeout_us)` performs one attempt,
 /// with the same `Idempotency-Key` every time; time is counted, not slept,
 /// so the schedule is reproducible.
 fn retry_loop(mut send: impl FnMut(u32, u64) -> Outcome, rng: &mut SplitMix64) -> Vec<Step> {
@@ -1029,12 +1034,12 @@ fn retry_loop(mut send: impl FnMut(u32, u64) -> Outcome, rng: &mut SplitMix64) -
     let mut now = 0;
     for attempt in 1..=MAX_ATTEMPTS {
         // Each attempt gets what is left of the one deadline, at most 10 s.
-        let timeout_ms = ATTEMPT_TIMEOUT_MS.min(DEADLINE_MS - now);
-        let outcome = send(attempt, timeout_ms);
-        let start_ms = now;
+        let timeout_us = ATTEMPT_TIMEOUT_US.min(DEADLINE_US - now);
+        let outcome = send(attempt, timeout_us);
+        let start_us = now;
         now += match outcome {
-            Outcome::Response { took_ms, .. } | Outcome::NoResponse { took_ms } => {
-                took_ms.min(timeout_ms)
+            Outcome::Response { took_us, .. } | Outcome::NoResponse { took_us } => {
+                took_us.min(timeout_us)
             }
         };
         let decision = if !retryable(outcome) {
@@ -1042,32 +1047,32 @@ fn retry_loop(mut send: impl FnMut(u32, u64) -> Outcome, rng: &mut SplitMix64) -
         } else if attempt == MAX_ATTEMPTS {
             Decision::GiveUp("attempts exhausted")
         } else {
-            let ceiling_ms = ceiling_ms(attempt - 1);
-            let drawn_ms = full_jitter_ms(attempt - 1, rng);
+            let ceiling_us = ceiling_us(attempt - 1);
+            let drawn_us = full_jitter_us(attempt - 1, rng);
             // Retry-After is a floor on the delay, never a reason to wait less.
-            let hint_ms = match outcome {
-                Outcome::Response { retry_after_s, .. } => retry_after_s.unwrap_or(0) * 1000,
+            let hint_us = match outcome {
+                Outcome::Response { retry_after_s, .. } => retry_after_s.unwrap_or(0) * 1_000_000,
                 Outcome::NoResponse { .. } => 0,
             };
-            let delay_ms = drawn_ms.max(hint_ms);
-            if now + delay_ms >= DEADLINE_MS {
+            let delay_us = drawn_us.max(hint_us);
+            if now + delay_us >= DEADLINE_US {
                 Decision::GiveUp("the next attempt would start past the deadline")
             } else {
                 Decision::Retry {
-                    ceiling_ms,
-                    drawn_ms,
-                    delay_ms,
+                    ceiling_us,
+                    drawn_us,
+                    delay_us,
                 }
             }
         };
         let stop = !matches!(decision, Decision::Retry { .. });
-        if let Decision::Retry { delay_ms, .. } = decision {
-            now += delay_ms;
+        if let Decision::Retry { delay_us, .. } = decision {
+            now += delay_us;
         }
         steps.push(Step {
             attempt,
-            start_ms,
-            timeout_ms,
+            start_us,
+            timeout_us,
             outcome,
             decision,
         });
@@ -1082,13 +1087,15 @@ fn retry_loop(mut send: impl FnMut(u32, u64) -> Outcome, rng: &mut SplitMix64) -
 /// The seed of every sample in the book.
 const SEED: u64 = 42;
 
-fn ms(v: u64) -> String {
-    if v >= 1000 && v.is_multiple_of(1000) {
-        format!("{} s", v / 1000)
-    } else if v >= 1000 {
-        format!("{:.3} s", v as f64 / 1000.0)
+/// Microseconds, shown to the millisecond (rounded down).
+fn ms(us: u64) -> String {
+    let (s, ms) = (us / 1_000_000, us % 1_000_000 / 1000);
+    if us >= 1_000_000 && ms == 0 {
+        format!("{s} s")
+    } else if us >= 1_000_000 {
+        format!("{s}.{ms:03} s")
     } else {
-        format!("{v} ms")
+        format!("{ms} ms")
     }
 }
 
@@ -1096,20 +1103,20 @@ fn jitter_table() -> String {
     let mut full = SplitMix64(SEED);
     let mut equal = SplitMix64(SEED);
     let mut decor = SplitMix64(SEED);
-    let mut prev = BASE_MS;
+    let mut prev = BASE_US;
     let mut s = String::from(
         "| Retry n | Exponential, no jitter: min(20 s, 500 ms × 2ⁿ) | Full (default) | Equal | Decorrelated |\n\
          |---|---|---|---|---|\n",
     );
     for n in 0..7 {
-        let d = decorrelated_jitter_ms(prev, &mut decor);
+        let d = decorrelated_jitter_us(prev, &mut decor);
         prev = d;
         writeln!(
             s,
             "| {n} | {} | {} | {} | {} |",
-            ms(no_jitter_ms(n)),
-            ms(full_jitter_ms(n, &mut full)),
-            ms(equal_jitter_ms(n, &mut equal)),
+            ms(no_jitter_us(n)),
+            ms(full_jitter_us(n, &mut full)),
+            ms(equal_jitter_us(n, &mut equal)),
             ms(d),
         )
         .unwrap();
@@ -1119,12 +1126,12 @@ fn jitter_table() -> String {
 
 fn describe(o: Outcome) -> String {
     match o {
-        Outcome::NoResponse { took_ms } => format!("no response (timed out after {})", ms(took_ms)),
+        Outcome::NoResponse { took_us } => format!("no response (timed out after {})", ms(took_us)),
         Outcome::Response {
             status,
             in_use,
             retry_after_s,
-            took_ms,
+            took_us,
         } => {
             let mut d = format!("{status}");
             if in_use {
@@ -1133,7 +1140,7 @@ fn describe(o: Outcome) -> String {
             if let Some(r) = retry_after_s {
                 write!(d, ", `Retry-After: {r}`").unwrap();
             }
-            write!(d, " after {}", ms(took_ms)).unwrap();
+            write!(d, " after {}", ms(took_us)).unwrap();
             d
         }
     }
@@ -1149,13 +1156,13 @@ fn schedule_table(steps: &[Step]) -> String {
             Decision::Done => ("".into(), "".into(), "".into(), "return it".to_owned()),
             Decision::GiveUp(why) => ("".into(), "".into(), "".into(), format!("give up: {why}")),
             Decision::Retry {
-                ceiling_ms,
-                drawn_ms,
-                delay_ms,
+                ceiling_us,
+                drawn_us,
+                delay_us,
             } => (
-                ms(*ceiling_ms),
-                ms(*drawn_ms),
-                ms(*delay_ms),
+                ms(*ceiling_us),
+                ms(*drawn_us),
+                ms(*delay_us),
                 "retry, same key".to_owned(),
             ),
         };
@@ -1163,8 +1170,8 @@ fn schedule_table(steps: &[Step]) -> String {
             s,
             "| {} | {} | {} | {} | {ceiling} | {drawn} | {waits} | {then} |",
             st.attempt,
-            ms(st.start_ms),
-            ms(st.timeout_ms),
+            ms(st.start_us),
+            ms(st.timeout_us),
             describe(st.outcome),
         )
         .unwrap();
@@ -1179,19 +1186,19 @@ fn scenario_a() -> Vec<Step> {
             status: 503,
             in_use: false,
             retry_after_s: None,
-            took_ms: 120,
+            took_us: 120_000,
         },
         Outcome::Response {
             status: 409,
             in_use: true,
             retry_after_s: Some(2),
-            took_ms: 80,
+            took_us: 80_000,
         },
         Outcome::Response {
             status: 201,
             in_use: false,
             retry_after_s: None,
-            took_ms: 150,
+            took_us: 150_000,
         },
     ];
     retry_loop(|a, _| script[a as usize - 1], &mut SplitMix64(SEED))
@@ -1201,8 +1208,8 @@ fn scenario_a() -> Vec<Step> {
 /// timeout cut short by the deadline.
 fn scenario_b() -> Vec<Step> {
     retry_loop(
-        |_, timeout_ms| Outcome::NoResponse {
-            took_ms: timeout_ms,
+        |_, timeout_us| Outcome::NoResponse {
+            took_us: timeout_us,
         },
         &mut SplitMix64(SEED),
     )
@@ -1215,7 +1222,7 @@ fn scenario_c() -> Vec<Step> {
             status: 429,
             in_use: false,
             retry_after_s: Some(60),
-            took_ms: 90,
+            took_us: 90_000,
         },
         &mut SplitMix64(SEED),
     )
@@ -1306,23 +1313,30 @@ fn generated_tables_are_fresh() {
 #[test]
 fn jitter_draws_stay_inside_their_bounds() {
     assert_eq!(
-        (0..8).map(ceiling_ms).collect::<Vec<_>>(),
-        [500, 1000, 2000, 4000, 8000, 16_000, 20_000, 20_000]
+        (0..8).map(ceiling_us).collect::<Vec<_>>(),
+        [
+            500_000, 1_000_000, 2_000_000, 4_000_000, 8_000_000, 16_000_000, 20_000_000, 20_000_000
+        ]
     );
-    assert_eq!(ceiling_ms(200), CAP_MS, "no overflow for large n");
+    assert_eq!(ceiling_us(200), CAP_US, "no overflow for large n");
     let mut rng = SplitMix64(7);
-    let mut prev = BASE_MS;
+    let mut prev = BASE_US;
     for i in 0..10_000u32 {
         let n = i % 10;
-        assert!(full_jitter_ms(n, &mut rng) < ceiling_ms(n).max(1));
-        let e = equal_jitter_ms(n, &mut rng);
-        assert!(e >= ceiling_ms(n) / 2 && e <= ceiling_ms(n));
-        let d = decorrelated_jitter_ms(prev, &mut rng);
-        assert!((BASE_MS..=CAP_MS).contains(&d));
+        assert!(full_jitter_us(n, &mut rng) < ceiling_us(n).max(1));
+        let e = equal_jitter_us(n, &mut rng);
+        assert!(e >= ceiling_us(n) / 2 && e <= ceiling_us(n));
+        let d = decorrelated_jitter_us(prev, &mut rng);
+        assert!((BASE_US..=CAP_US).contains(&d));
         prev = d;
     }
-    // SplitMix64 reference value (seed 0), so ports can check themselves.
+    // SplitMix64 reference values, so ports can check themselves: seed 0,
+    // and seed 42 (the book's seed; the same outputs idem-client publishes
+    // in its backoff vectors).
     assert_eq!(SplitMix64(0).next_u64(), 0xE220_A839_7B1D_CDAF);
+    let mut rng = SplitMix64(SEED);
+    assert_eq!(rng.next_u64(), 13_679_457_532_755_275_413);
+    assert_eq!(rng.next_u64(), 2_949_826_092_126_892_291);
 }
 
 // clause: idem.client.retry-after, idem.client.deadline, idem.client.max-attempts
@@ -1335,37 +1349,45 @@ fn the_worked_schedules_keep_the_client_rules() {
     assert!(matches!(
         a[1].decision,
         Decision::Retry {
-            drawn_ms,
-            delay_ms: 2000,
+            drawn_us,
+            delay_us: 2_000_000,
             ..
-        } if drawn_ms < 1000
+        } if drawn_us < 1_000_000
     ));
 
     let b = scenario_b();
     assert_eq!(b.len(), 3, "at most 3 attempts");
     let last = &b[2];
     assert!(
-        last.timeout_ms < ATTEMPT_TIMEOUT_MS,
+        last.timeout_us < ATTEMPT_TIMEOUT_US,
         "timeout carved from the deadline"
     );
-    assert_eq!(last.start_ms + last.timeout_ms, DEADLINE_MS);
+    assert_eq!(last.start_us + last.timeout_us, DEADLINE_US);
     assert!(matches!(last.decision, Decision::GiveUp(_)));
 
     let c = scenario_c();
     assert_eq!(c.len(), 1, "a hint past the deadline fails at once");
     assert!(matches!(c[0].decision, Decision::GiveUp(_)));
 
-    // quick-start.md quotes these two figures in its prose.
-    assert!(matches!(
-        a[1].decision,
-        Decision::Retry { drawn_ms: 159, .. }
-    ));
-    assert_eq!(b[2].timeout_ms, 9_471);
+    // The prose of quick-start.md and client.md quotes two of the figures.
+    let Decision::Retry { drawn_us, .. } = a[1].decision else {
+        panic!("second attempt of scenario A retries")
+    };
+    // Line breaks in the prose are only whitespace.
+    let read = |page: &str| {
+        let text = std::fs::read_to_string(book_src().join(page)).unwrap();
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    let (quick, client) = (read("quick-start.md"), read("client.md"));
+    assert!(quick.contains(&format!("drawn delay was {}", ms(drawn_us))));
+    let cut = ms(b[2].timeout_us);
+    assert!(quick.contains(&format!("only {cut} of the 30 s deadline")));
+    assert!(client.contains(&format!("from 10 s to {cut}")));
 
     // No schedule ever runs past the deadline.
     for s in [&a, &b, &c] {
         for st in s.iter() {
-            assert!(st.start_ms + st.timeout_ms <= DEADLINE_MS);
+            assert!(st.start_us + st.timeout_us <= DEADLINE_US);
         }
     }
 }
@@ -1377,13 +1399,13 @@ fn the_loop_retries_only_the_allowlist() {
         status,
         in_use,
         retry_after_s: None,
-        took_ms: 1,
+        took_us: 1,
     };
     for s in [408, 429, 500, 502, 503, 504] {
         assert!(retryable(resp(s, false)), "{s}");
     }
     assert!(retryable(resp(409, true)));
-    assert!(retryable(Outcome::NoResponse { took_ms: 1 }));
+    assert!(retryable(Outcome::NoResponse { took_us: 1 }));
     for s in [200, 201, 400, 401, 402, 403, 404, 409, 413, 422, 501] {
         assert!(!retryable(resp(s, false)), "{s}");
     }
