@@ -90,9 +90,18 @@ pub fn stale_files(dir: &Path, fresh: &BTreeMap<String, String>) -> Vec<String> 
 /// Every clause citation in the workspace's Rust sources.
 pub fn workspace_citations(root: &Path) -> std::io::Result<Vec<Citation>> {
     let mut files = Vec::new();
-    for member in ["spec", "reference-server", "conformance", "client"] {
-        let dir = root.join(member);
-        if dir.is_dir() {
+    // Every top-level folder with a Cargo.toml is a workspace member; reading
+    // the folders (not a fixed list) means a new crate is scanned from day one.
+    let mut members: Vec<String> = std::fs::read_dir(root)?
+        .filter_map(Result::ok)
+        .filter(|e| e.path().join("Cargo.toml").is_file())
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|name| !name.starts_with('.') && name != "target")
+        .collect();
+    members.sort();
+    for member in members {
+        let dir = root.join(&member);
+        {
             let mut rels = Vec::new();
             collect(&dir, &dir, "rs", &mut rels)?;
             files.extend(rels.into_iter().map(|r| format!("{member}/{r}")));
