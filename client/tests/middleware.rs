@@ -1,0 +1,466 @@
+//! The middleware against a real socket: a local axum server on 127.0.0.1:0 plays a script of
+//! responses and records every request it receives. Time is a `ManualClock`, so sleeps are
+//! recorded, not waited for; no assertion depends on wall-clock timing.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use idem_client::rng::SplitMix64;
+use idem_client::{
+    Backoff, Deadline, Error, HookVerdict, ManualClock, RetryBudget, RetryEvent, RetryMiddleware,
+    RetryReason, RetryReport, StopReason, derive_key,
+};
+use idem_spec::headers::IDEMPOTENCY_KEY;
+use idem_spec::{ErrorCode, IdempotencyKey};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+
+mod support;
+use support::{Answer, Shared, answer, serve};
+
+fn client(mw: RetryMiddleware) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest::Client::new()).with(mw).build()
+}
+
+fn keys(script: &Shared) -> Vec<Option<String>> {
+    script.lock().expect("script lock").seen_keys.clone()
+}
+
+fn report(resp: &reqwest::Response) -> RetryReport {
+    resp.extensions()
+        .get::<RetryReport>()
+        .cloned()
+        .expect("the middleware attaches a report")
+}
+
+/// The jitter the middleware draws for its first operation when seeded with `seed`.
+fn first_operation_schedule(seed: u64, n: u32) -> Vec<Duration> {
+    let op_seed = SplitMix64::new(seed).next_u64();
+    Backoff::default().schedule(op_seed, n)
+}
+
+// clause: idem.client.same-key, idem.client.allowlist, idem.client.retry-after, idem.client.budget
+#[tokio::test]
+async fn retries_503_then_409_in_use_then_201_with_one_key() -> Result<(), reqwest_middleware::Error>
+{
+    let in_use = ErrorCode::IdempotencyKeyInUse.as_str();
+    let (url, script) = serve(vec![
+        Answer {
+            status: 503,
+            retry_after: Some("1"),
+            code: None,
+        },
+        Answer {
+            status: 409,
+            retry_after: Some("2"),
+            code: Some(in_use),
+        },
+        answer(201),
+    ])
+    .await;
+    // ANCHOR: one_line
+    let clock = ManualClock::default();
+    let budget = RetryBudget::default();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::default()
+                .with_budget(budget.clone())
+                .with_clock(clock.clone())
+                .with_seed(7),
+        )
+        .build();
+    let resp = client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(r#"{"sku":"A-1","qty":2}"#)
+        .send()
+        .await?;
+    // ANCHOR_END: one_line
+    assert_eq!(resp.status().as_u16(), 201);
+    let report = report(&resp);
+
+    // Three attempts, all with the one key the middleware minted, which the caller can read.
+    let seen = keys(&script);
+    assert_eq!(seen.len(), 3);
+    let key = report.key.clone().expect("a POST gets a key");
+    assert!(report.key_minted);
+    assert!(
+        seen.iter().all(|k| k.as_deref() == Some(key.as_str())),
+        "{seen:?}"
+    );
+    assert_eq!(report.attempts, 3);
+    assert_eq!(report.stopped, None);
+
+    // The sleeps honoured Retry-After as a floor over the seeded full-jitter draws.
+    let jitter = first_operation_schedule(7, 2);
+    let want = vec![
+        jitter[0].max(Duration::from_secs(1)),
+        jitter[1].max(Duration::from_secs(2)),
+    ];
+    assert_eq!(clock.sleeps(), want);
+    assert_eq!(report.delays, want);
+    assert!(want[0] >= Duration::from_secs(1) && want[1] >= Duration::from_secs(2));
+
+    // Two throttling retries (503 with Retry-After, 409 in use) cost 5 each; the 201 refunds 1.
+    assert_eq!(budget.available(), 500 - 5 - 5 + 1);
+    assert_eq!(report.budget_left, Some(491));
+    Ok(())
+}
+
+// clause: idem.client.same-key, idem.client.key-derivation, idem.client.500-with-key
+#[tokio::test]
+async fn a_caller_key_is_sent_unchanged_on_every_attempt() {
+    let (url, script) = serve(vec![answer(500), answer(502), answer(201)]).await;
+    let client = client(
+        RetryMiddleware::default()
+            .with_clock(ManualClock::default())
+            .with_seed(1),
+    );
+    // ANCHOR: caller_key
+    let key = derive_key("order-confirm", 8412).expect("valid key");
+    // Persist `key` with the order before sending; a restarted process derives the same one.
+    let resp = client
+        .post(&url)
+        .with_extension(key.clone())
+        .body("{}")
+        .send()
+        .await
+        .expect("eventually 201");
+    // ANCHOR_END: caller_key
+    assert_eq!(resp.status().as_u16(), 201);
+    let r = report(&resp);
+    assert_eq!(r.key.as_ref(), Some(&key));
+    assert!(!r.key_minted);
+    assert_eq!(
+        keys(&script),
+        vec![Some("order-confirm-8412".to_owned()); 3]
+    );
+
+    // A key set directly as a header is honoured the same way.
+    let (url, script) = serve(vec![answer(503), answer(200)]).await;
+    let resp = client
+        .patch(&url)
+        .header(IDEMPOTENCY_KEY, "\"order-confirm-9\"")
+        .body("{}")
+        .send()
+        .await
+        .expect("eventually 200");
+    assert_eq!(
+        report(&resp).key,
+        Some(IdempotencyKey::parse("order-confirm-9").expect("valid"))
+    );
+    assert_eq!(
+        keys(&script),
+        vec![Some("\"order-confirm-9\"".to_owned()); 2]
+    );
+}
+
+// clause: idem.client.key-per-operation
+#[tokio::test]
+async fn each_logical_operation_gets_its_own_minted_key() {
+    let (url, script) = serve(vec![answer(503), answer(201), answer(503), answer(201)]).await;
+    let client = client(
+        RetryMiddleware::default()
+            .with_clock(ManualClock::default())
+            .with_seed(3),
+    );
+    let a = client.post(&url).body("{}").send().await.expect("first");
+    let b = client.post(&url).body("{}").send().await.expect("second");
+    let (ka, kb) = (report(&a).key.expect("key"), report(&b).key.expect("key"));
+    assert_ne!(ka, kb);
+    let seen = keys(&script);
+    assert_eq!(
+        seen,
+        vec![
+            Some(ka.to_string()),
+            Some(ka.to_string()),
+            Some(kb.to_string()),
+            Some(kb.to_string())
+        ]
+    );
+}
+
+// clause: idem.client.no-key-no-retry
+#[tokio::test]
+async fn a_post_without_a_key_is_sent_once_when_auto_keys_are_off() {
+    let (url, script) = serve(vec![answer(503), answer(201)]).await;
+    let client = client(
+        RetryMiddleware::default()
+            .auto_keys(false)
+            .with_clock(ManualClock::default()),
+    );
+    let resp = client
+        .post(&url)
+        .body("{}")
+        .send()
+        .await
+        .expect("a response");
+    assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(keys(&script), vec![None]);
+    let r = report(&resp);
+    assert_eq!(r.stopped, Some(StopReason::NonIdempotentWithoutKey));
+    assert_eq!(r.attempts, 1);
+
+    // A GET needs no key and is retried.
+    let (url, script) = serve(vec![answer(503), answer(200)]).await;
+    let resp = client.get(&url).send().await.expect("a response");
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(keys(&script), vec![None, None]);
+}
+
+// clause: idem.client.allowlist
+#[tokio::test]
+async fn a_final_4xx_is_handed_back_after_one_attempt() {
+    for (status, code) in [
+        (400, Some("validation_failed")),
+        (409, Some("idempotency_key_mismatch")),
+        (422, None),
+    ] {
+        let (url, script) = serve(vec![Answer {
+            status,
+            retry_after: None,
+            code,
+        }])
+        .await;
+        let client = client(RetryMiddleware::default().with_clock(ManualClock::default()));
+        let resp = client
+            .post(&url)
+            .body("{}")
+            .send()
+            .await
+            .expect("a response");
+        assert_eq!(resp.status().as_u16(), status);
+        assert_eq!(keys(&script).len(), 1);
+        assert_eq!(
+            report(&resp).stopped,
+            Some(StopReason::NotRetryable {
+                status: Some(status)
+            })
+        );
+        // The body the middleware had to read (for the 409 code) is handed back intact.
+        let body = resp.text().await.expect("body");
+        if let Some(code) = code {
+            assert!(body.contains(code), "{body}");
+        }
+    }
+}
+
+// clause: idem.client.retry-after, idem.client.deadline
+#[tokio::test]
+async fn a_retry_after_past_the_deadline_fails_at_once_with_the_hint() {
+    let (url, script) = serve(vec![Answer {
+        status: 503,
+        retry_after: Some("120"),
+        code: None,
+    }])
+    .await;
+    let client = client(RetryMiddleware::default().with_clock(ManualClock::default()));
+    let err = client
+        .post(&url)
+        .with_extension(Deadline::Within(Duration::from_secs(10)))
+        .body("{}")
+        .send()
+        .await
+        .expect_err("the hint is past the deadline");
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("expected a middleware error, got {err:?}")
+    };
+    match e.downcast_ref::<Error>() {
+        Some(Error::RetryAfterPastDeadline {
+            hint,
+            remaining,
+            attempts,
+            key,
+            status,
+        }) => {
+            assert_eq!(*hint, Duration::from_secs(120));
+            assert_eq!(*remaining, Duration::from_secs(10));
+            assert_eq!(*attempts, 1);
+            assert_eq!(*status, 503);
+            assert_eq!(
+                key.as_ref().map(IdempotencyKey::to_string),
+                keys(&script)[0].clone()
+            );
+        }
+        other => panic!("expected RetryAfterPastDeadline, got {other:?}"),
+    }
+    assert_eq!(keys(&script).len(), 1);
+}
+
+/// An inner middleware that records each attempt's timeout, to check it is carved from the
+/// deadline rather than reset.
+#[derive(Clone, Default)]
+struct RecordTimeouts(Arc<Mutex<Vec<Option<Duration>>>>);
+
+#[async_trait::async_trait]
+impl Middleware for RecordTimeouts {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        self.0.lock().expect("lock").push(req.timeout().copied());
+        next.run(req, extensions).await
+    }
+}
+
+// clause: idem.client.deadline
+#[tokio::test]
+async fn each_attempt_timeout_is_what_remains_of_one_deadline() {
+    let (url, _script) = serve(vec![answer(504), answer(504), answer(200)]).await;
+    let clock = ManualClock::default();
+    let timeouts = RecordTimeouts::default();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(
+            RetryMiddleware::default()
+                .with_clock(clock.clone())
+                .with_seed(11),
+        )
+        .with(timeouts.clone())
+        .build();
+    let resp = client
+        .get(&url)
+        .with_extension(Deadline::Within(Duration::from_secs(8)))
+        .send()
+        .await
+        .expect("200 on the third attempt");
+    assert_eq!(resp.status().as_u16(), 200);
+    let s = clock.sleeps();
+    assert_eq!(s.len(), 2);
+    let d = Duration::from_secs(8);
+    assert_eq!(
+        *timeouts.0.lock().expect("lock"),
+        vec![Some(d), Some(d - s[0]), Some(d - s[0] - s[1])]
+    );
+    assert_eq!(report(&resp).remaining, d - s[0] - s[1]);
+}
+
+// clause: idem.client.observability
+#[tokio::test]
+async fn the_hook_sees_every_retry_and_can_veto() {
+    let (url, script) = serve(vec![answer(502), answer(429), answer(503), answer(200)]).await;
+    let seen: Arc<Mutex<Vec<RetryEvent>>> = Arc::default();
+    let log = seen.clone();
+    let budget = RetryBudget::default();
+    // ANCHOR: on_retry
+    let middleware = RetryMiddleware::default()
+        .with_budget(budget.clone())
+        .with_clock(ManualClock::default())
+        .on_retry(move |event: &RetryEvent| {
+            log.lock().expect("lock").push(event.clone());
+            // Veto the second retry: e.g. the caller's own shutdown is in progress.
+            if event.plan.failed_attempt >= 2 {
+                HookVerdict::Veto
+            } else {
+                HookVerdict::Proceed
+            }
+        });
+    // ANCHOR_END: on_retry
+    let client = client(middleware);
+    let resp = client.get(&url).send().await.expect("a response");
+    assert_eq!(resp.status().as_u16(), 429);
+    assert_eq!(report(&resp).stopped, Some(StopReason::Vetoed));
+    assert_eq!(keys(&script).len(), 2);
+    let events = seen.lock().expect("lock").clone();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[0].plan.reason, RetryReason::BadGateway);
+    assert_eq!(events[0].plan.budget_left, Some(486));
+    assert_eq!(events[1].plan.reason, RetryReason::TooManyRequests);
+    assert_eq!(events[1].plan.budget_left, Some(481));
+    // The vetoed retry's tokens went back.
+    assert_eq!(budget.available(), 486);
+}
+
+// clause: idem.client.allowlist, idem.client.max-attempts
+#[tokio::test]
+async fn connect_errors_are_retried_up_to_the_cap_then_reported() {
+    // A port that was just free: nothing listens there.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    drop(listener);
+    let clock = ManualClock::default();
+    let client = client(RetryMiddleware::default().with_clock(clock.clone()));
+    let err = client
+        .put(format!("http://{addr}/orders/1"))
+        .body("{}")
+        .send()
+        .await
+        .expect_err("nothing listens");
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("expected a middleware error, got {err:?}")
+    };
+    match e.downcast_ref::<Error>() {
+        Some(Error::GaveUp {
+            reason, attempts, ..
+        }) => {
+            assert_eq!(*reason, StopReason::AttemptsExhausted { attempts: 3 });
+            assert_eq!(*attempts, 3);
+        }
+        other => panic!("expected GaveUp, got {other:?}"),
+    }
+    assert_eq!(clock.sleeps().len(), 2);
+}
+
+// clause: idem.client.budget
+#[tokio::test]
+async fn an_empty_shared_budget_stops_retries_across_requests() {
+    let (url, script) = serve(vec![answer(502); 8]).await;
+    let budget = RetryBudget::new(idem_client::BudgetConfig {
+        capacity: 30,
+        ..Default::default()
+    });
+    let client = client(
+        RetryMiddleware::default()
+            .with_budget(budget.clone())
+            .with_clock(ManualClock::default()),
+    );
+    // First request: two retries (28 tokens). Second: the bucket has 2 left, so none.
+    let a = client.get(&url).send().await.expect("response");
+    assert_eq!(
+        report(&a).stopped,
+        Some(StopReason::AttemptsExhausted { attempts: 3 })
+    );
+    let b = client.get(&url).send().await.expect("response");
+    assert_eq!(
+        report(&b).stopped,
+        Some(StopReason::BudgetExhausted {
+            cost: 14,
+            available: 2
+        })
+    );
+    assert_eq!(keys(&script).len(), 4);
+}
+
+// clause: idem.client.deadline
+#[tokio::test]
+async fn a_deadline_already_passed_sends_nothing() {
+    let (url, script) = serve(vec![answer(200)]).await;
+    let clock = ManualClock::default();
+    let client = client(RetryMiddleware::default().with_clock(clock.clone()));
+    // A deadline handed down from a caller whose own budget is spent.
+    let at = idem_client::Clock::now(&clock);
+    clock.advance(Duration::from_millis(1));
+    let err = client
+        .post(&url)
+        .with_extension(Deadline::At(at))
+        .body("{}")
+        .send()
+        .await
+        .expect_err("no time left");
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("expected a middleware error, got {err:?}")
+    };
+    assert!(
+        matches!(
+            e.downcast_ref::<Error>(),
+            Some(Error::DeadlineExceeded {
+                attempt: 1,
+                key: Some(_)
+            })
+        ),
+        "{e:?}"
+    );
+    assert!(keys(&script).is_empty());
+}

@@ -1,0 +1,522 @@
+//! The pure policy, row by row: every allowlist entry, every refusal, the deadline arithmetic,
+//! the budget, and the published golden schedules.
+
+use std::time::Duration;
+
+use idem_client::budget::{BudgetConfig, RetryBudget};
+use idem_client::{
+    Backoff, Decision, Jitter, Outcome, RequestFacts, RetryClass, RetryPolicy, RetryReason,
+    RetryState, StopReason, vectors,
+};
+
+const SEED: u64 = 42;
+
+fn policy() -> RetryPolicy {
+    RetryPolicy::default()
+}
+
+fn get() -> RequestFacts {
+    RequestFacts::new("GET", false)
+}
+
+fn post_with_key() -> RequestFacts {
+    RequestFacts::new("POST", true)
+}
+
+fn post_without_key() -> RequestFacts {
+    RequestFacts::new("POST", false)
+}
+
+fn response(status: u16, retry_after: Option<Duration>, code: Option<&str>) -> Outcome {
+    Outcome::Response {
+        status,
+        retry_after,
+        problem_code: code.map(str::to_owned),
+    }
+}
+
+/// One decision on a fresh operation at t = 0, with a fresh default budget.
+fn first(facts: RequestFacts, outcome: Outcome) -> Decision {
+    policy().decide(
+        &mut RetryState::seeded(SEED),
+        facts,
+        &outcome,
+        Duration::ZERO,
+        Some(&RetryBudget::default()),
+    )
+}
+
+fn retried(d: &Decision) -> Option<(RetryReason, RetryClass)> {
+    match d {
+        Decision::Retry(p) => Some((p.reason, p.class)),
+        _ => None,
+    }
+}
+
+// clause: idem.client.allowlist
+#[test]
+fn every_allowlist_row_is_retried_with_its_class() {
+    use RetryClass::*;
+    let in_use = Some("idempotency_key_in_use");
+    let rows: Vec<(Outcome, RetryReason, RetryClass)> = vec![
+        (Outcome::ConnectError, RetryReason::ConnectError, Transient),
+        (Outcome::Timeout, RetryReason::Timeout, Transient),
+        (
+            response(408, None, None),
+            RetryReason::RequestTimeout,
+            Transient,
+        ),
+        (
+            response(429, None, None),
+            RetryReason::TooManyRequests,
+            Throttling,
+        ),
+        (
+            response(502, None, None),
+            RetryReason::BadGateway,
+            Transient,
+        ),
+        (
+            response(503, None, None),
+            RetryReason::ServiceUnavailable,
+            Transient,
+        ),
+        (
+            response(503, Some(Duration::from_secs(1)), None),
+            RetryReason::ServiceUnavailable,
+            Throttling,
+        ),
+        (
+            response(504, None, None),
+            RetryReason::GatewayTimeout,
+            Transient,
+        ),
+        (
+            response(409, None, in_use),
+            RetryReason::KeyInUse,
+            Throttling,
+        ),
+        (
+            response(409, None, Some("concurrent_idempotent_requests")),
+            RetryReason::KeyInUse,
+            Throttling,
+        ),
+    ];
+    for (outcome, reason, class) in rows {
+        // Safe for an idempotent method without a key and for a POST with one.
+        for facts in [get(), post_with_key()] {
+            let d = first(facts, outcome.clone());
+            assert_eq!(retried(&d), Some((reason, class)), "{outcome:?} {facts:?}");
+        }
+    }
+}
+
+// clause: idem.client.allowlist
+#[test]
+fn every_other_4xx_and_unlisted_5xx_is_refused() {
+    let listed = [408u16, 409, 429];
+    for status in (400u16..500).filter(|s| !listed.contains(s)) {
+        assert_eq!(
+            first(post_with_key(), response(status, None, None)),
+            Decision::Stop(StopReason::NotRetryable {
+                status: Some(status)
+            }),
+            "{status}"
+        );
+    }
+    for status in [501u16, 505, 507, 511, 599] {
+        assert_eq!(
+            first(post_with_key(), response(status, None, None)),
+            Decision::Stop(StopReason::NotRetryable {
+                status: Some(status)
+            })
+        );
+    }
+    // A 409 is retried only for the in-use code: a mismatch is final, and so is a bare 409.
+    for code in [
+        Some("idempotency_key_mismatch"),
+        Some("idempotency_error"),
+        None,
+    ] {
+        assert_eq!(
+            first(post_with_key(), response(409, None, code)),
+            Decision::Stop(StopReason::NotRetryable { status: Some(409) })
+        );
+    }
+    // A reset mid-response may have been processed: not on the allowlist.
+    assert_eq!(
+        first(get(), Outcome::OtherTransport),
+        Decision::Stop(StopReason::NotRetryable { status: None })
+    );
+}
+
+// clause: idem.client.500-with-key
+#[test]
+fn a_500_is_retried_only_with_a_key() {
+    assert_eq!(
+        retried(&first(post_with_key(), response(500, None, None))),
+        Some((RetryReason::InternalErrorWithKey, RetryClass::Transient))
+    );
+    assert_eq!(
+        retried(&first(
+            RequestFacts::new("PUT", true),
+            response(500, None, None)
+        )),
+        Some((RetryReason::InternalErrorWithKey, RetryClass::Transient))
+    );
+    for facts in [get(), post_without_key()] {
+        assert_eq!(
+            first(facts, response(500, None, None)),
+            Decision::Stop(StopReason::ServerErrorWithoutKey)
+        );
+    }
+}
+
+// clause: idem.client.no-key-no-retry
+#[test]
+fn non_idempotent_requests_without_a_key_are_never_retried() {
+    for method in ["POST", "PATCH", "CONNECT", "CUSTOM"] {
+        for outcome in [
+            Outcome::ConnectError,
+            Outcome::Timeout,
+            response(503, None, None),
+            response(429, None, None),
+        ] {
+            assert_eq!(
+                first(RequestFacts::new(method, false), outcome.clone()),
+                Decision::Stop(StopReason::NonIdempotentWithoutKey),
+                "{method} {outcome:?}"
+            );
+            assert!(
+                retried(&first(RequestFacts::new(method, true), outcome)).is_some(),
+                "{method} with a key"
+            );
+        }
+    }
+    for method in ["GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"] {
+        assert!(
+            retried(&first(
+                RequestFacts::new(method, false),
+                Outcome::ConnectError
+            ))
+            .is_some()
+        );
+    }
+}
+
+// clause: idem.client.max-attempts
+#[test]
+fn at_most_three_attempts_by_default() {
+    let p = policy();
+    let mut state = RetryState::seeded(SEED);
+    let out = response(503, None, None);
+    let mut decisions = Vec::new();
+    for _ in 0..3 {
+        decisions.push(p.decide(&mut state, get(), &out, Duration::ZERO, None));
+    }
+    assert!(matches!(decisions[0], Decision::Retry(_)));
+    assert!(matches!(decisions[1], Decision::Retry(_)));
+    assert_eq!(
+        decisions[2],
+        Decision::Stop(StopReason::AttemptsExhausted { attempts: 3 })
+    );
+}
+
+// clause: idem.client.backoff-jitter
+#[test]
+fn default_schedule_for_seed_42_is_golden() {
+    // ANCHOR: golden_schedule
+    let p = RetryPolicy::default(); // 3 attempts, full jitter, base 500 ms, cap 20 s
+    let mut state = RetryState::seeded(42);
+    let mut sleeps = Vec::new();
+    for _ in 0..3 {
+        let outcome = Outcome::status(503);
+        match p.decide(
+            &mut state,
+            RequestFacts::new("GET", false),
+            &outcome,
+            Duration::ZERO,
+            None,
+        ) {
+            Decision::Retry(plan) => sleeps.push(plan.delay),
+            Decision::Stop(reason) => {
+                assert_eq!(reason, StopReason::AttemptsExhausted { attempts: 3 });
+            }
+            Decision::Done => unreachable!("503 is not a success"),
+        }
+    }
+    // After failure 1: U[0, 1 s); after failure 2: U[0, 2 s). Same numbers in every language.
+    assert_eq!(
+        sleeps,
+        [
+            Duration::from_micros(741_564),
+            Duration::from_micros(319_820)
+        ]
+    );
+    // ANCHOR_END: golden_schedule
+}
+
+// clause: idem.client.backoff-jitter
+#[test]
+fn committed_vectors_match_the_code() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("vectors/backoff.json");
+    let committed = std::fs::read_to_string(&path).expect("client/vectors/backoff.json exists");
+    assert!(
+        committed == vectors::render(),
+        "{} is stale: run `cargo run -p idem-client --bin idem-client-vectors`",
+        path.display()
+    );
+    // The published schedules agree with the policy-level API, not only with `Backoff`.
+    let parsed: vectors::BackoffVectors = serde_json::from_str(&committed).expect("valid JSON");
+    let v = parsed
+        .schedules
+        .iter()
+        .find(|s| s.jitter == Jitter::Full && s.seed == 42 && s.base_us == 500_000)
+        .expect("default schedule present");
+    assert_eq!(&v.delays_us[..2], &[741_564, 319_820]);
+
+    let table = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(vectors::SCHEDULE_TABLE_PATH);
+    assert!(
+        std::fs::read_to_string(&table).ok() == Some(vectors::schedule_markdown()),
+        "{} is stale: run `cargo run -p idem-client --bin idem-client-vectors`",
+        table.display()
+    );
+}
+
+// clause: idem.client.retry-after
+#[test]
+fn retry_after_is_the_least_delay() {
+    // Full jitter after failure 1 draws below 1 s; a 5 s hint wins.
+    let d = first(get(), response(429, Some(Duration::from_secs(5)), None));
+    let Decision::Retry(plan) = d else {
+        panic!("expected a retry, got {d:?}")
+    };
+    assert_eq!(plan.delay, Duration::from_secs(5));
+    assert_eq!(plan.retry_after, Some(Duration::from_secs(5)));
+    // A hint shorter than the drawn backoff does not shorten it.
+    let drawn = Backoff::default().schedule(SEED, 1)[0];
+    let d = first(get(), response(503, Some(Duration::from_millis(1)), None));
+    let Decision::Retry(plan) = d else {
+        panic!("expected a retry, got {d:?}")
+    };
+    assert_eq!(plan.delay, drawn.max(Duration::from_millis(1)));
+}
+
+// clause: idem.client.retry-after, idem.client.deadline
+#[test]
+fn a_hint_past_the_deadline_fails_at_once_with_the_hint() {
+    let p = RetryPolicy {
+        deadline: Duration::from_secs(10),
+        ..policy()
+    };
+    let mut state = RetryState::seeded(SEED);
+    let d = p.decide(
+        &mut state,
+        get(),
+        &response(503, Some(Duration::from_secs(60)), None),
+        Duration::from_secs(2),
+        None,
+    );
+    assert_eq!(
+        d,
+        Decision::Stop(StopReason::RetryAfterPastDeadline {
+            hint: Duration::from_secs(60),
+            remaining: Duration::from_secs(8),
+        })
+    );
+    // Exactly at the deadline is past it: the next attempt would have no time at all.
+    let d = p.decide(
+        &mut RetryState::seeded(SEED),
+        get(),
+        &response(429, Some(Duration::from_secs(8)), None),
+        Duration::from_secs(2),
+        None,
+    );
+    assert!(matches!(
+        d,
+        Decision::Stop(StopReason::RetryAfterPastDeadline { .. })
+    ));
+}
+
+// clause: idem.client.deadline
+#[test]
+fn deadline_arithmetic() {
+    let p = RetryPolicy {
+        deadline: Duration::from_secs(5),
+        backoff: Backoff {
+            jitter: Jitter::Exponential,
+            ..Backoff::default()
+        },
+        max_attempts: 10,
+        ..policy()
+    };
+    assert_eq!(p.remaining(Duration::ZERO), Duration::from_secs(5));
+    assert_eq!(
+        p.remaining(Duration::from_millis(3_200)),
+        Duration::from_millis(1_800)
+    );
+    assert_eq!(p.remaining(Duration::from_secs(9)), Duration::ZERO);
+
+    let mut state = RetryState::seeded(SEED);
+    let out = response(503, None, None);
+    // Failure 1 at 1.0 s: sleep e(1) = 1 s, ending at 2.0 s; 3 s remain for attempt 2.
+    let Decision::Retry(plan) = p.decide(&mut state, get(), &out, Duration::from_secs(1), None)
+    else {
+        panic!("first failure must be retried")
+    };
+    assert_eq!(plan.delay, Duration::from_secs(1));
+    assert_eq!(plan.remaining_after_sleep, Duration::from_secs(3));
+    // Failure 2 at 2.9 s: e(2) = 2 s would end at 4.9 s < 5 s: allowed, 100 ms left.
+    let Decision::Retry(plan) =
+        p.decide(&mut state, get(), &out, Duration::from_millis(2_900), None)
+    else {
+        panic!("second failure must be retried")
+    };
+    assert_eq!(plan.remaining_after_sleep, Duration::from_millis(100));
+    // Failure 3 at 4.95 s: e(3) = 4 s would end past the deadline: the sleep is not started.
+    assert_eq!(
+        p.decide(&mut state, get(), &out, Duration::from_millis(4_950), None),
+        Decision::Stop(StopReason::DeadlineWouldPass {
+            delay: Duration::from_secs(4),
+            remaining: Duration::from_millis(50),
+        })
+    );
+}
+
+// clause: idem.client.budget
+#[test]
+fn budget_exhaustion_refuses_and_successes_refill() {
+    let budget = RetryBudget::new(BudgetConfig::default());
+    let p = RetryPolicy {
+        max_attempts: 2,
+        ..policy()
+    };
+    let fail = response(502, None, None);
+    // 35 operations each spend one transient retry: 35 * 14 = 490 of 500.
+    for i in 0..35 {
+        let mut state = RetryState::seeded(i);
+        let d = p.decide(&mut state, get(), &fail, Duration::ZERO, Some(&budget));
+        let Decision::Retry(plan) = d else {
+            panic!("retry {i} should fit: {d:?}")
+        };
+        assert_eq!(plan.cost, 14);
+        assert_eq!(plan.budget_left, Some(500 - 14 * (i as u32 + 1)));
+    }
+    assert_eq!(budget.available(), 10);
+    let d = p.decide(
+        &mut RetryState::seeded(99),
+        get(),
+        &fail,
+        Duration::ZERO,
+        Some(&budget),
+    );
+    assert_eq!(
+        d,
+        Decision::Stop(StopReason::BudgetExhausted {
+            cost: 14,
+            available: 10
+        })
+    );
+    // A throttling retry is cheaper and still fits.
+    let d = p.decide(
+        &mut RetryState::seeded(100),
+        get(),
+        &response(429, None, None),
+        Duration::ZERO,
+        Some(&budget),
+    );
+    assert!(
+        matches!(d, Decision::Retry(ref plan) if plan.cost == 5 && plan.budget_left == Some(5))
+    );
+    // Nine successes bring 5 back to 14: exactly enough for one transient retry.
+    for i in 0..9 {
+        let d = p.decide(
+            &mut RetryState::seeded(200 + i),
+            get(),
+            &Outcome::status(200),
+            Duration::ZERO,
+            Some(&budget),
+        );
+        assert_eq!(d, Decision::Done);
+    }
+    assert_eq!(budget.available(), 14);
+    assert!(matches!(
+        p.decide(
+            &mut RetryState::seeded(300),
+            get(),
+            &fail,
+            Duration::ZERO,
+            Some(&budget)
+        ),
+        Decision::Retry(_)
+    ));
+    assert_eq!(budget.available(), 0);
+}
+
+// clause: idem.client.budget
+#[test]
+fn refusals_before_the_budget_cost_nothing() {
+    let budget = RetryBudget::default();
+    let p = policy();
+    for (facts, outcome) in [
+        (get(), response(404, None, None)),
+        (get(), response(500, None, None)),
+        (get(), Outcome::OtherTransport),
+        (post_without_key(), Outcome::ConnectError),
+    ] {
+        let d = p.decide(
+            &mut RetryState::seeded(1),
+            facts,
+            &outcome,
+            Duration::ZERO,
+            Some(&budget),
+        );
+        assert!(matches!(d, Decision::Stop(_)), "{outcome:?}");
+    }
+    // Attempts exhausted and deadline refusals happen before paying, too.
+    let mut state = RetryState::seeded(2);
+    let fail = response(503, None, None);
+    let _ = p.decide(&mut state, get(), &fail, Duration::ZERO, Some(&budget));
+    let _ = p.decide(&mut state, get(), &fail, Duration::ZERO, Some(&budget));
+    assert_eq!(budget.available(), 500 - 2 * 14);
+    assert!(matches!(
+        p.decide(&mut state, get(), &fail, Duration::ZERO, Some(&budget)),
+        Decision::Stop(StopReason::AttemptsExhausted { attempts: 3 })
+    ));
+    assert!(matches!(
+        p.decide(
+            &mut RetryState::seeded(3),
+            get(),
+            &fail,
+            p.deadline,
+            Some(&budget)
+        ),
+        Decision::Stop(StopReason::DeadlineWouldPass { .. })
+    ));
+    assert_eq!(budget.available(), 500 - 2 * 14);
+}
+
+// clause: idem.client.backoff-jitter
+#[test]
+fn decorrelated_jitter_is_available_through_the_policy() {
+    let p = RetryPolicy {
+        max_attempts: 6,
+        deadline: Duration::from_secs(600),
+        backoff: Backoff {
+            jitter: Jitter::Decorrelated,
+            ..Backoff::default()
+        },
+        ..policy()
+    };
+    let mut state = RetryState::seeded(7);
+    let mut got = Vec::new();
+    while let Decision::Retry(plan) =
+        p.decide(&mut state, get(), &Outcome::Timeout, Duration::ZERO, None)
+    {
+        got.push(plan.delay);
+    }
+    assert_eq!(got, p.backoff.schedule(7, 5));
+    assert!(got.iter().all(|d| *d >= Duration::from_millis(500)));
+}

@@ -1,0 +1,113 @@
+//! Properties of the policy over random seeds, parameters and outcome sequences.
+
+use std::time::Duration;
+
+use idem_client::rng::SplitMix64;
+use idem_client::{
+    Backoff, BudgetConfig, Decision, Jitter, Outcome, RequestFacts, RetryBudget, RetryPolicy,
+    RetryState, StopReason,
+};
+use proptest::prelude::*;
+
+fn jitter() -> impl Strategy<Value = Jitter> {
+    prop::sample::select(Jitter::ALL.to_vec())
+}
+
+fn outcome() -> impl Strategy<Value = Outcome> {
+    prop_oneof![
+        Just(Outcome::ConnectError),
+        Just(Outcome::Timeout),
+        Just(Outcome::OtherTransport),
+        (
+            prop::sample::select(vec![
+                200u16, 201, 400, 404, 408, 409, 422, 429, 500, 502, 503, 504
+            ]),
+            prop::option::of(0u64..40_000),
+            prop::option::of(prop::sample::select(vec![
+                "idempotency_key_in_use",
+                "idempotency_key_mismatch",
+            ])),
+        )
+            .prop_map(|(status, ra, code)| Outcome::Response {
+                status,
+                retry_after: ra.map(Duration::from_millis),
+                problem_code: code.map(str::to_owned),
+            }),
+    ]
+}
+
+proptest! {
+    // clause: idem.client.backoff-jitter
+    #[test]
+    fn every_delay_obeys_its_formula(
+        j in jitter(),
+        base_ms in 1u64..2_000,
+        cap_ms in 1u64..60_000,
+        seed in any::<u64>(),
+        n in 1u32..80,
+        prev_ms in prop::option::of(0u64..100_000),
+    ) {
+        let b = Backoff { base: Duration::from_millis(base_ms), cap: Duration::from_millis(cap_ms), jitter: j };
+        let e = b.envelope(n);
+        prop_assert!(e <= b.cap);
+        let d = b.delay(n, prev_ms.map(Duration::from_millis), &mut SplitMix64::new(seed));
+        match j {
+            Jitter::None => prop_assert_eq!(d, Duration::ZERO),
+            Jitter::Exponential => prop_assert_eq!(d, e),
+            Jitter::Full => prop_assert!(d < e || e.is_zero()),
+            Jitter::Equal => prop_assert!(d >= e / 2 && (d < e || e.is_zero())),
+            Jitter::Decorrelated => prop_assert!(d <= b.cap),
+            _ => {}
+        }
+    }
+
+    // clause: idem.client.deadline, idem.client.max-attempts, idem.client.budget
+    #[test]
+    fn no_sleep_ends_past_the_deadline_and_attempts_are_capped(
+        outcomes in prop::collection::vec(outcome(), 1..12),
+        seed in any::<u64>(),
+        max_attempts in 1u32..6,
+        deadline_ms in 1u64..40_000,
+        has_key in any::<bool>(),
+        post in any::<bool>(),
+        attempt_ms in prop::collection::vec(0u64..3_000, 12),
+    ) {
+        let p = RetryPolicy {
+            max_attempts,
+            deadline: Duration::from_millis(deadline_ms),
+            ..RetryPolicy::default()
+        };
+        let budget = RetryBudget::new(BudgetConfig { capacity: 60, ..BudgetConfig::default() });
+        let facts = RequestFacts::new(if post { "POST" } else { "GET" }, has_key);
+        let mut state = RetryState::seeded(seed);
+        let mut elapsed = Duration::ZERO;
+        let mut attempts = 0;
+        for (i, out) in outcomes.iter().enumerate() {
+            attempts += 1;
+            elapsed += Duration::from_millis(attempt_ms[i]);
+            match p.decide(&mut state, facts, out, elapsed, Some(&budget)) {
+                Decision::Retry(plan) => {
+                    prop_assert!(attempts < max_attempts);
+                    prop_assert!(elapsed + plan.delay < p.deadline);
+                    prop_assert_eq!(plan.remaining_after_sleep, p.deadline - elapsed - plan.delay);
+                    if let Some(h) = plan.retry_after { prop_assert!(plan.delay >= h); }
+                    prop_assert!(facts.idempotent_method || facts.has_key);
+                    prop_assert!(!matches!(out, Outcome::OtherTransport));
+                    if let Outcome::Response { status, .. } = out {
+                        prop_assert!([408, 409, 429, 500, 502, 503, 504].contains(status));
+                        if *status == 500 { prop_assert!(facts.has_key); }
+                    }
+                    elapsed += plan.delay;
+                }
+                Decision::Done => { prop_assert!(out.is_success()); break; }
+                Decision::Stop(reason) => {
+                    if let StopReason::AttemptsExhausted { attempts: a } = reason {
+                        prop_assert_eq!(a, max_attempts);
+                    }
+                    break;
+                }
+            }
+            prop_assert!(budget.available() <= 60);
+        }
+    }
+}

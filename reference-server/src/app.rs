@@ -1,0 +1,196 @@
+//! Wiring: store + clock + engine + routes, and serving them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+
+use crate::api::{AppState, accounts, auth, openapi, test_hooks, transfers};
+use crate::clock::{AdjustableClock, Clock, SystemClock};
+use crate::config::Cli;
+use crate::engine::Engine;
+use crate::error::{Error, Result, with_profile};
+use crate::layer::IdempotencyLayer;
+use crate::store::Store;
+
+/// A built application: the router and the state behind it.
+#[derive(Debug, Clone)]
+pub struct App {
+    /// Serve this (or drive it with `tower::ServiceExt::oneshot` in tests).
+    pub router: Router,
+    /// The shared state (store, clock, engine).
+    pub state: AppState,
+}
+
+/// Connects the store, migrates, seeds the demo accounts of every caller and
+/// builds the router.
+pub async fn build(cli: &Cli) -> Result<App> {
+    let tokens = cli.token_map()?;
+    let config = cli.engine_config()?;
+    let store = Store::connect(&cli.database_url, cli.max_connections).await?;
+    accounts::seed(&store, tokens.values().map(String::as_str)).await?;
+    let (clock, test_clock): (Arc<dyn Clock>, Option<Arc<AdjustableClock>>) = if cli.test_hooks {
+        let c = Arc::new(AdjustableClock::new());
+        (c.clone(), Some(c))
+    } else {
+        (Arc::new(SystemClock), None)
+    };
+    let engine = Engine::new(store.clone(), clock.clone(), config);
+    let state = AppState {
+        store,
+        engine,
+        clock,
+        test_clock,
+        tokens: Arc::new(tokens),
+        profile: cli.profile,
+    };
+    Ok(App {
+        router: router(state.clone()),
+        state,
+    })
+}
+
+/// The routes. Only `POST /v1/transfers` is idempotent; reads are not.
+pub fn router(state: AppState) -> Router {
+    let idempotency = IdempotencyLayer::new(state.engine.clone());
+    let api = Router::new()
+        .route(
+            "/v1/transfers",
+            post(transfers::create_transfer).layer(idempotency),
+        )
+        .route("/v1/transfers", get(transfers::list_transfers))
+        .route("/v1/transfers/{id}", get(transfers::get_transfer))
+        .route("/v1/accounts", get(accounts::list_accounts))
+        .route("/v1/accounts/{id}", get(accounts::get_account))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_bearer,
+        ));
+    let doc = Arc::new(openapi::document(
+        state.profile,
+        &state.engine.config().policy(),
+    ));
+    let mut app = Router::new()
+        .merge(api)
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
+        )
+        .route(
+            "/openapi.json",
+            get(move || {
+                let doc = doc.clone();
+                async move { axum::Json(doc.as_ref().clone()) }
+            }),
+        );
+    if state.test_clock.is_some() {
+        app = app
+            .route("/_test/clock", post(test_hooks::advance_clock))
+            .route("/_test/reap", post(test_hooks::reap));
+    }
+    let profile = state.profile;
+    app.fallback(|| async { Error::NotFound("no such route".into()) })
+        .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
+        .with_state(state)
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .layer(middleware::from_fn(move |req: Request, next: Next| {
+            with_profile(profile, async move { next.run(req).await })
+        }))
+}
+
+/// Binds `cli.listen`, prints the machine-readable `listening on` line and
+/// the curl examples, starts the reaper, and serves until Ctrl-C.
+pub async fn serve(cli: Cli) -> Result<()> {
+    let app = build(&cli).await?;
+    if cli.test_hooks {
+        tracing::warn!(
+            "TEST HOOKS ARE ON: POST /_test/clock moves the server clock and POST /_test/reap \
+             deletes keys, without authentication. Never run this in production."
+        );
+    }
+    let flaws = cli.flaw_set();
+    if !flaws.list().is_empty() {
+        tracing::warn!(flaws = ?flaws.list(), "DELIBERATE FLAWS ARE ON: this server breaks the contract on purpose");
+    }
+    let listener = TcpListener::bind(&cli.listen).await?;
+    let addr = listener.local_addr()?;
+    announce(addr, &cli, &app.state);
+    let reaper = tokio::spawn(crate::reaper::run(
+        app.state.store.clone(),
+        app.state.clock.clone(),
+        Duration::from_secs(cli.reaper_interval_secs),
+    ));
+    let result = axum::serve(listener, app.router)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await;
+    reaper.abort();
+    app.state.store.close().await;
+    result.map_err(Error::Io)
+}
+
+fn announce(addr: SocketAddr, cli: &Cli, state: &AppState) {
+    use std::io::Write;
+    let base = format!("http://{addr}");
+    let mut out = std::io::stdout().lock();
+    // The first line is the contract with child-process users: keep its shape.
+    let _ = writeln!(out, "listening on {base}");
+    let tokens: Vec<_> = state.tokens.iter().collect();
+    // Demo tokens are public by design; configured ones are secrets and are
+    // never printed.
+    let demo = tokens.len() == crate::config::DEMO_TOKENS.len()
+        && crate::config::DEMO_TOKENS
+            .iter()
+            .all(|(t, c)| state.tokens.get(*t).map(String::as_str) == Some(*c));
+    let _ = writeln!(
+        out,
+        "idem-server: {} store ({}), profile {}, replay window {} s, retention {} s",
+        state.store.backend(),
+        redact(&cli.database_url),
+        cli.profile,
+        cli.replay_window_secs,
+        cli.retention_secs
+    );
+    for (token, caller) in &tokens {
+        let shown = if demo {
+            token.as_str()
+        } else {
+            "<token from your configuration>"
+        };
+        let _ = writeln!(out, "  caller {caller}: Authorization: Bearer {shown}");
+    }
+    if let Some((token, caller)) = tokens.first() {
+        let token = if demo { token.as_str() } else { "$TOKEN" };
+        let _ = writeln!(
+            out,
+            "\nTry it (run the POST twice: the second answer is a replay, and the balance moves once):\n\
+             \n  curl -s {base}/v1/accounts -H 'Authorization: Bearer {token}'\
+             \n  curl -si {base}/v1/transfers -H 'Authorization: Bearer {token}' \\\
+             \n       -H 'Idempotency-Key: demo-1' -H 'Content-Type: application/json' \\\
+             \n       -d '{{\"from\":\"acc_{caller}_main\",\"to\":\"acc_{caller}_savings\",\"amount\":500}}'\
+             \n  curl -s {base}/v1/transfers -H 'Authorization: Bearer {token}'\
+             \n  curl -s {base}/openapi.json\n"
+        );
+    }
+    let _ = out.flush();
+}
+
+fn redact(url: &str) -> String {
+    // postgres://user:password@host → postgres://user:***@host
+    match (url.find("://"), url.find('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}

@@ -1,0 +1,247 @@
+//! The command line (and the configuration it amounts to).
+//!
+//! Every flag has a default that makes `cargo run -p idem-server` work with
+//! no arguments. Child-process users (the conformance kit, the multi-process
+//! tests) pass `--listen 127.0.0.1:0` and read the first stdout line,
+//! `listening on http://ADDR`, to learn the port.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use idem_spec::Profile;
+use idem_spec::policy;
+
+use crate::engine::EngineConfig;
+use crate::error::{Error, Result};
+use crate::flaws::Flaws;
+
+/// The demo callers served when no token is configured: two, so per-caller
+/// scoping can be seen with curl.
+pub const DEMO_TOKENS: [(&str, &str); 2] = [("demo-alice", "alice"), ("demo-bob", "bob")];
+
+/// `idem-server` command-line flags.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "idem-server",
+    version,
+    about = "The idemkit reference server: Idempotency-Key done right, on SQLite or PostgreSQL.",
+    long_about = "The idemkit reference server: an idempotency engine on SQLite (default) or \
+PostgreSQL, with an example bank API (POST /v1/transfers).\n\n\
+The first line printed on stdout is `listening on http://ADDR` (machine-readable; use \
+--listen 127.0.0.1:0 to let the OS pick a free port). GET /healthz answers 200 when ready.\n\n\
+Callers authenticate with `Authorization: Bearer TOKEN`. Without --token/--tokens-file the demo \
+tokens demo-alice (caller alice) and demo-bob (caller bob) are served."
+)]
+pub struct Cli {
+    /// Address to listen on; port 0 picks a free port (see the first stdout line).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: String,
+
+    /// sqlite://PATH (created if missing, WAL mode) or postgres://USER@HOST/DB.
+    /// For PostgreSQL, `?options=-c%20search_path%3DNAME` selects a schema.
+    #[arg(long, default_value = "sqlite://idem.db")]
+    pub database_url: String,
+
+    /// Status codes and error codes to answer with: reference, ietf-draft, stripe or resend.
+    #[arg(long, default_value = "reference", value_parser = parse_profile)]
+    pub profile: Profile,
+
+    /// A bearer token and the caller it authenticates, as TOKEN=CALLER (repeatable).
+    #[arg(long = "token", value_name = "TOKEN=CALLER")]
+    pub tokens: Vec<String>,
+
+    /// A TOML file with a `[tokens]` table mapping each token to its caller.
+    #[arg(long, value_name = "PATH")]
+    pub tokens_file: Option<PathBuf>,
+
+    /// How long a completed key is replayed, from its first request.
+    #[arg(long, default_value_t = policy::DEFAULT_REPLAY_WINDOW_SECS)]
+    pub replay_window_secs: u64,
+
+    /// How long key records are kept before the reaper deletes them.
+    #[arg(long, default_value_t = policy::DEFAULT_RETENTION_SECS)]
+    pub retention_secs: u64,
+
+    /// Lease on an in-flight key.
+    #[arg(long, default_value_t = policy::DEFAULT_LEASE_SECS)]
+    pub lease_secs: u64,
+
+    /// Retry-After (seconds) on 409 idempotency_key_in_use.
+    #[arg(long, default_value_t = policy::DEFAULT_IN_USE_RETRY_AFTER_SECS)]
+    pub retry_after_secs: u64,
+
+    /// Upper bound on `Prefer: wait=N`.
+    #[arg(long, default_value_t = policy::DEFAULT_MAX_WAIT_SECS)]
+    pub max_wait_secs: u64,
+
+    /// How often the reaper deletes records past retention.
+    #[arg(long, default_value_t = 60)]
+    pub reaper_interval_secs: u64,
+
+    /// Largest request body on idempotent endpoints (413 above).
+    #[arg(long, default_value_t = 64 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// Database connection pool size.
+    #[arg(long, default_value_t = 10)]
+    pub max_connections: u32,
+
+    /// Expose POST /_test/clock and POST /_test/reap. Never in production.
+    #[arg(long)]
+    pub test_hooks: bool,
+
+    /// Switch on a deliberate flaw (conformance-kit teeth; repeatable).
+    #[cfg(feature = "flaws")]
+    #[arg(long = "flaw", value_enum, value_name = "NAME")]
+    pub flaws: Vec<crate::flaws::Flaw>,
+}
+
+fn parse_profile(s: &str) -> std::result::Result<Profile, String> {
+    Profile::from_name(s).ok_or_else(|| {
+        format!("unknown profile {s:?}; expected reference, ietf-draft, stripe or resend")
+    })
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    tokens: BTreeMap<String, String>,
+}
+
+impl Cli {
+    /// Parses flags from an argument list (the first item is the program name).
+    pub fn from_args<I, T>(args: I) -> std::result::Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        <Self as clap::Parser>::try_parse_from(args)
+    }
+
+    /// Token → caller, from the flags and the file, or the demo tokens when
+    /// neither gives any.
+    pub fn token_map(&self) -> Result<BTreeMap<String, String>> {
+        let mut map = BTreeMap::new();
+        if let Some(path) = &self.tokens_file {
+            let text = std::fs::read_to_string(path)?;
+            let file: TokensFile = toml::from_str(&text)
+                .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+            map.extend(file.tokens);
+        }
+        for t in &self.tokens {
+            let (token, caller) = t
+                .split_once('=')
+                .ok_or_else(|| Error::Config(format!("--token {t:?}: expected TOKEN=CALLER")))?;
+            map.insert(token.to_owned(), caller.to_owned());
+        }
+        if map.is_empty() {
+            map.extend(
+                DEMO_TOKENS
+                    .iter()
+                    .map(|(t, c)| ((*t).to_owned(), (*c).to_owned())),
+            );
+        }
+        for (token, caller) in &map {
+            if token.is_empty() || !token.bytes().all(|b| (0x21..=0x7E).contains(&b)) {
+                return Err(Error::Config(format!(
+                    "token for caller {caller:?} must be visible ASCII"
+                )));
+            }
+            let ok = !caller.is_empty()
+                && caller.len() <= 64
+                && caller.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                });
+            if !ok {
+                return Err(Error::Config(format!(
+                    "caller name {caller:?} must be 1-64 characters of a-z, 0-9, _ or -"
+                )));
+            }
+        }
+        Ok(map)
+    }
+
+    /// The engine settings these flags ask for.
+    pub fn engine_config(&self) -> Result<EngineConfig> {
+        if self.retention_secs < self.replay_window_secs {
+            return Err(Error::Config(
+                "--retention-secs must be at least --replay-window-secs".into(),
+            ));
+        }
+        Ok(EngineConfig {
+            replay_window: Duration::from_secs(self.replay_window_secs),
+            retention: Duration::from_secs(self.retention_secs),
+            lease: Duration::from_secs(self.lease_secs),
+            retry_after_secs: self.retry_after_secs,
+            max_wait: Duration::from_secs(self.max_wait_secs),
+            max_body_bytes: self.max_body_bytes,
+            flaws: self.flaw_set(),
+            ..EngineConfig::default()
+        })
+    }
+
+    /// The flaws switched on (always none without the `flaws` feature).
+    pub fn flaw_set(&self) -> Flaws {
+        #[cfg(feature = "flaws")]
+        {
+            Flaws::from_list(self.flaws.clone())
+        }
+        #[cfg(not(feature = "flaws"))]
+        {
+            Flaws::none()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_arguments_means_the_documented_defaults() {
+        let cli = Cli::from_args(["idem-server"]).expect("parse");
+        assert_eq!(cli.listen, "127.0.0.1:8080");
+        assert_eq!(cli.database_url, "sqlite://idem.db");
+        assert_eq!(cli.profile, Profile::Reference);
+        assert!(!cli.test_hooks, "test hooks are off by default");
+        let tokens = cli.token_map().expect("tokens");
+        assert_eq!(tokens.get("demo-alice").map(String::as_str), Some("alice"));
+        assert_eq!(tokens.get("demo-bob").map(String::as_str), Some("bob"));
+        let policy = cli.engine_config().expect("config").policy();
+        assert_eq!(policy, idem_spec::Policy::default());
+    }
+
+    #[test]
+    fn tokens_from_flags_and_file_replace_the_demo_ones() {
+        let path = std::env::temp_dir().join(format!("idem-tokens-{}.toml", uuid::Uuid::new_v4()));
+        std::fs::write(&path, "[tokens]\n\"s3cret\" = \"carol\"\n").expect("write");
+        let cli = Cli::from_args([
+            "idem-server",
+            "--token",
+            "t1=dave",
+            "--tokens-file",
+            path.to_str().expect("utf-8 path"),
+        ])
+        .expect("parse");
+        let tokens = cli.token_map().expect("tokens");
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(tokens.len(), 2);
+        assert_eq!(tokens["t1"], "dave");
+        assert_eq!(tokens["s3cret"], "carol");
+        let bad = Cli::from_args(["idem-server", "--token", "t=Not Valid"]).expect("parse");
+        assert!(bad.token_map().is_err());
+        assert!(Cli::from_args(["idem-server", "--profile", "nope"]).is_err());
+        let short = Cli::from_args(["idem-server", "--retention-secs", "10"]).expect("parse");
+        assert!(
+            short.engine_config().is_err(),
+            "retention shorter than the window"
+        );
+    }
+
+    #[cfg(not(feature = "flaws"))]
+    #[test]
+    fn flaws_do_not_exist_in_a_normal_build() {
+        assert!(Cli::from_args(["idem-server", "--flaw", "global-keys"]).is_err());
+    }
+}

@@ -1,0 +1,18 @@
+//! `idem-server`: parse flags, set up logging, run the library.
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = idem_server::config::Cli::parse();
+    // Logs go to stderr so stdout stays the machine-readable announcement.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    idem_server::app::serve(cli).await?;
+    Ok(())
+}

@@ -1,0 +1,360 @@
+//! Shared test harness: throwaway databases on both backends, an app built
+//! from command-line flags, and small request helpers.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::routing::post;
+use idem_server::app::App;
+use idem_server::config::Cli;
+use idem_server::{IdempotencyLayer, with_conn};
+use sqlx::Connection;
+use tokio::sync::{Semaphore, mpsc};
+use tower::ServiceExt;
+
+/// Which store a test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A database that exists for one test and is removed afterwards.
+pub struct TestDb {
+    pub url: String,
+    cleanup: Cleanup,
+}
+
+enum Cleanup {
+    Files(Vec<std::path::PathBuf>),
+    Schema { admin_url: String, schema: String },
+}
+
+impl TestDb {
+    /// A fresh database, or `None` (after a loud SKIPPED line) when the
+    /// backend is Postgres and IDEM_TEST_DATABASE_URL is unset.
+    pub async fn new(backend: Backend, test: &str) -> Option<Self> {
+        match backend {
+            Backend::Sqlite => {
+                let path = std::env::temp_dir().join(format!(
+                    "idem-test-{}-{}.db",
+                    test,
+                    uuid::Uuid::new_v4().simple()
+                ));
+                let files = ["", "-wal", "-shm"]
+                    .iter()
+                    .map(|s| std::path::PathBuf::from(format!("{}{s}", path.display())))
+                    .collect();
+                Some(Self {
+                    url: format!("sqlite://{}", path.display()),
+                    cleanup: Cleanup::Files(files),
+                })
+            }
+            Backend::Postgres => {
+                let Ok(admin_url) = std::env::var("IDEM_TEST_DATABASE_URL") else {
+                    eprintln!(
+                        "\n*** SKIPPED {test} on PostgreSQL: IDEM_TEST_DATABASE_URL is not set ***\n"
+                    );
+                    return None;
+                };
+                let schema = format!("idem_t_{}", uuid::Uuid::new_v4().simple());
+                let mut conn = sqlx::PgConnection::connect(&admin_url)
+                    .await
+                    .expect("connect to IDEM_TEST_DATABASE_URL");
+                sqlx::query(&format!("CREATE SCHEMA {schema}"))
+                    .execute(&mut conn)
+                    .await
+                    .expect("create schema");
+                conn.close().await.ok();
+                let sep = if admin_url.contains('?') { '&' } else { '?' };
+                Some(Self {
+                    url: format!("{admin_url}{sep}options=-c%20search_path%3D{schema}"),
+                    cleanup: Cleanup::Schema { admin_url, schema },
+                })
+            }
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        match &self.cleanup {
+            Cleanup::Files(files) => {
+                for f in files {
+                    let _ = std::fs::remove_file(f);
+                }
+            }
+            Cleanup::Schema { admin_url, schema } => {
+                let (url, schema) = (admin_url.clone(), schema.clone());
+                // Drop runs inside a runtime; do the async cleanup on a thread
+                // with its own runtime, and wait for it.
+                let _ = std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    rt.block_on(async {
+                        if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
+                            let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                                .execute(&mut c)
+                                .await;
+                            let _ = c.close().await;
+                        }
+                    });
+                })
+                .join();
+            }
+        }
+    }
+}
+
+/// Builds the app on `db` with extra flags (`--test-hooks` is always on).
+pub async fn app(db: &TestDb, extra: &[&str]) -> App {
+    let mut args = vec![
+        "idem-server",
+        "--database-url",
+        &db.url,
+        "--test-hooks",
+        "--max-connections",
+        "8",
+    ];
+    args.extend_from_slice(extra);
+    let cli = Cli::from_args(args).expect("flags");
+    idem_server::app::build(&cli).await.expect("build app")
+}
+
+/// A response, buffered.
+#[derive(Debug, Clone)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Resp {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+    /// The problem `code`, asserting the body is a well-formed problem document.
+    pub fn problem_code(&self) -> String {
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "status {} body {:?}",
+            self.status,
+            self.body
+        );
+        let p: idem_spec::Problem = serde_json::from_slice(&self.body).expect("problem body");
+        assert_eq!(p.status, self.status.as_u16());
+        assert!(p.detail.as_deref().is_some_and(|d| !d.is_empty()));
+        p.code
+    }
+}
+
+pub async fn send(router: &Router, req: Request<Body>) -> Resp {
+    let resp = router.clone().oneshot(req).await.expect("infallible");
+    let (parts, body) = resp.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.expect("body");
+    Resp {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+/// A POST /v1/transfers request from `token` with `key` and a JSON body.
+pub fn transfer(token: &str, key: Option<&str>, body: &str) -> Request<Body> {
+    let mut b = Request::post("/v1/transfers")
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("idempotency-key", k);
+    }
+    b.body(Body::from(body.to_owned())).unwrap()
+}
+
+pub fn move_body(caller: &str, amount: i64) -> String {
+    format!(r#"{{"from":"acc_{caller}_main","to":"acc_{caller}_savings","amount":{amount}}}"#)
+}
+
+pub fn get(token: &str, path: &str) -> Request<Body> {
+    Request::get(path)
+        .header("authorization", format!("Bearer {token}"))
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// (main, savings) balances of a demo caller.
+pub async fn balances(router: &Router, caller: &str) -> (i64, i64) {
+    let r = send(router, get(&format!("demo-{caller}"), "/v1/accounts")).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let v = r.json();
+    let find = |id: String| {
+        v["accounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["id"] == id.as_str())
+            .unwrap()["balance"]
+            .as_i64()
+            .unwrap()
+    };
+    (
+        find(format!("acc_{caller}_main")),
+        find(format!("acc_{caller}_savings")),
+    )
+}
+
+pub async fn transfer_count(router: &Router, caller: &str) -> u64 {
+    let r = send(router, get(&format!("demo-{caller}"), "/v1/transfers")).await;
+    r.json()["count"].as_u64().unwrap()
+}
+
+pub async fn advance(router: &Router, secs: u64) {
+    let r = send(
+        router,
+        Request::post("/_test/clock")
+            .header("content-type", "application/json")
+            .body(Body::from(format!(r#"{{"advance_secs":{secs}}}"#)))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+}
+
+/// An endpoint whose executions a test controls: each execution announces
+/// itself on `entered`, writes to the caller's main account through the
+/// claim's transaction, then waits for one permit of `release`. It answers
+/// with the status in `status` (201 by default).
+#[derive(Clone)]
+pub struct Gate {
+    pub executions: Arc<AtomicUsize>,
+    pub entered: mpsc::UnboundedSender<usize>,
+    pub release: Arc<Semaphore>,
+    pub status: Arc<std::sync::Mutex<u16>>,
+    /// Whether each execution writes (+1 on the caller's main account).
+    pub writes: Arc<std::sync::atomic::AtomicBool>,
+}
+
+pub struct GateHandle {
+    pub gate: Gate,
+    pub entered: mpsc::UnboundedReceiver<usize>,
+}
+
+impl GateHandle {
+    pub fn executions(&self) -> usize {
+        self.gate.executions.load(Ordering::SeqCst)
+    }
+    pub fn release(&self, n: usize) {
+        self.gate.release.add_permits(n);
+    }
+    pub async fn wait_entered(&mut self) -> usize {
+        tokio::time::timeout(std::time::Duration::from_secs(10), self.entered.recv())
+            .await
+            .expect("an execution should have started")
+            .expect("gate open")
+    }
+    pub fn set_writes(&self, w: bool) {
+        self.gate.writes.store(w, Ordering::SeqCst);
+    }
+    pub fn set_status(&self, s: u16) {
+        *self.gate.status.lock().unwrap() = s;
+    }
+}
+
+async fn gated(
+    axum::extract::State(gate): axum::extract::State<Gate>,
+    tx: idem_server::IdemTx,
+    caller: idem_server::Caller,
+) -> Result<(StatusCode, HeaderMap, String), idem_server::Error> {
+    let n = gate.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    if gate.writes.load(Ordering::SeqCst) {
+        let mut tx = tx.lock().await?;
+        with_conn!(&mut *tx, c => {
+            sqlx::query("UPDATE accounts SET balance = balance + 1 WHERE id = $1")
+                .bind(format!("acc_{}_main", caller.0))
+                .execute(&mut *c)
+                .await?;
+        });
+    }
+    let _ = gate.entered.send(n);
+    gate.release.acquire().await.unwrap().forget();
+    let status = *gate.status.lock().unwrap();
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    headers.insert("x-execution", n.to_string().parse().unwrap());
+    Ok((
+        StatusCode::from_u16(status).unwrap(),
+        headers,
+        format!(r#"{{"execution":{n}}}"#),
+    ))
+}
+
+/// The app's routes plus `POST /gated`, behind the same auth and
+/// idempotency layer (declaring `x-execution` as a replayed header).
+pub fn with_gate(app: &App) -> (Router, GateHandle) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let gate = Gate {
+        executions: Arc::new(AtomicUsize::new(0)),
+        entered: tx,
+        release: Arc::new(Semaphore::new(0)),
+        status: Arc::new(std::sync::Mutex::new(201)),
+        writes: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+    };
+    let layer = IdempotencyLayer::new(app.state.engine.clone()).replay_header("x-execution");
+    let gated_routes = Router::new()
+        .route("/gated", post(gated).layer(layer))
+        .route_layer(axum::middleware::from_fn_with_state(
+            app.state.clone(),
+            idem_server::api::auth::require_bearer,
+        ))
+        .with_state(gate.clone());
+    let profile = app.state.profile;
+    let router = app
+        .router
+        .clone()
+        .merge(gated_routes)
+        .layer(axum::middleware::from_fn(
+            move |req: Request<Body>, next: axum::middleware::Next| {
+                idem_server::with_profile(profile, async move { next.run(req).await })
+            },
+        ));
+    (router, GateHandle { gate, entered: rx })
+}
+
+pub fn gated_req(token: &str, key: &str, body: &str) -> Request<Body> {
+    Request::post("/gated")
+        .header("authorization", format!("Bearer {token}"))
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_owned()))
+        .unwrap()
+}
+
+/// Declares a shared test body twice, as `NAME::sqlite` and
+/// `NAME::postgres`, each calling `NAME(Backend)`.
+#[macro_export]
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name($crate::support::Backend::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name($crate::support::Backend::Postgres).await
+            }
+        }
+    };
+}
