@@ -1,1 +1,49 @@
-//! Placeholder for the conformance crate; filled by its issue.
+//! # idem-conformance: check any HTTP API against the idempotency contract
+//!
+//! The kit speaks HTTP only (reqwest) and never links a server's code, so
+//! it judges any vendor's API the same way it judges the reference server.
+//! A run reads a target [`manifest`], executes every [`cases`] case (each
+//! citing the clauses it checks), runs a generated [`model`]-checked
+//! property phase, and renders one [`idem_spec::report::Report`] to the
+//! console, JSON, JUnit XML and a self-contained HTML page.
+//!
+//! ## Layout
+//!
+//! - [`manifest`]: loading, validation, templates, the `init` template.
+//! - [`http`]: the rate- and budget-limited client, exchanges, curl rendering.
+//! - [`probe`]: the effect probe (how many side effects a marker caused).
+//! - [`case`]: the shape every case shares and the check/verdict helpers.
+//! - [`cases`]: the cases, one module per clause family.
+//! - [`model`]: the contract model and the generated operation sequences.
+//! - [`proxy`]: the built-in proxy that drops responses.
+//! - [`runner`]: runs a plan, enforces safety limits, builds the report.
+//! - [`waivers`]: waiver matching and staleness.
+//! - [`report`]: console, JSON, JUnit and HTML renderers.
+//! - [`demo`]: the zero-configuration run against the reference server.
+//! - [`commands`]: the CLI's subcommands (`demo`, `run`, `list`, `init`, `replay`).
+
+pub mod case;
+pub mod cases;
+pub mod commands;
+pub mod demo;
+mod error;
+pub mod http;
+pub mod manifest;
+pub mod model;
+pub mod probe;
+pub mod proxy;
+pub mod report;
+pub mod runner;
+pub mod waivers;
+
+pub use error::Error;
+
+/// The kit's version, recorded in every report.
+pub const KIT_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Exit code when no MUST clause failed.
+pub const EXIT_PASS: i32 = 0;
+/// Exit code when at least one MUST clause failed (unwaived).
+pub const EXIT_FAIL: i32 = 1;
+/// Exit code for harness errors (bad manifest, unreachable target, ...).
+pub const EXIT_HARNESS: i32 = 2;

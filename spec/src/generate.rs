@@ -74,6 +74,8 @@ pub fn json_schemas() -> Vec<(&'static str, schemars::Schema)> {
         ("RecoveryPoint", schema_of::<RecoveryPoint>()),
         ("Policy", schema_of::<Policy>()),
         ("Clause", schema_of::<Clause>()),
+        ("Manifest", schema_of::<crate::manifest::Manifest>()),
+        ("Report", schema_of::<crate::report::Report>()),
     ]
 }
 

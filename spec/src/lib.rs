@@ -13,6 +13,8 @@
 //! - [`policy`]: replay window, retention, lease, in-flight and failure [`Policy`].
 //! - [`headers`]: header names and the `Prefer: wait` parser.
 //! - [`clauses`]: the normative clauses, derived from the book.
+//! - [`manifest`]: the conformance kit's target manifest.
+//! - [`report`]: the conformance kit's report data model.
 //! - [`generate`]: the JSON Schemas, OpenAPI document and test vectors.
 //!
 //! Every type that crosses a wire or a file derives `Serialize`,
@@ -25,8 +27,10 @@ pub mod fingerprint;
 pub mod generate;
 pub mod headers;
 pub mod key;
+pub mod manifest;
 pub mod policy;
 pub mod problem;
+pub mod report;
 pub mod state;
 
 pub use error::Error;

@@ -1,0 +1,179 @@
+//! The in-flight family: a duplicate of a running request is refused with
+//! 409 in-use and Retry-After, or held and replayed under `Prefer: wait`.
+
+use std::time::Duration;
+
+use idem_spec::ErrorCode;
+use idem_spec::headers::PREFER;
+use idem_spec::report::Verdict;
+
+use super::concurrency::{classify, round};
+use crate::case::{Case, HOLD, Need, Rec, is_error, wire_desc};
+use crate::http::Response;
+
+/// The cases of this family.
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            id: "inflight.conflict",
+            title: "a duplicate of a request held in flight gets 409 in use with Retry-After",
+            clauses: &[
+                "idem.inflight.conflict",
+                "idem.inflight.retry-after",
+                "idem.state.three-states",
+            ],
+            needs: &[Need::Pause],
+            permitted: |m| {
+                vec![format!(
+                    "the duplicate: {} with Retry-After, not executed",
+                    wire_desc(m, ErrorCode::IdempotencyKeyInUse)
+                )]
+            },
+            run: |r| Box::pin(conflict(r)),
+        },
+        Case {
+            id: "inflight.prefer-wait",
+            title: "with Prefer: wait, concurrent duplicates are held and replayed",
+            clauses: &[
+                "idem.inflight.prefer-wait",
+                "idem.concurrency.single-effect",
+            ],
+            needs: &[Need::PreferWait],
+            permitted: |m| {
+                vec![format!(
+                    "one execution and identical replays; {} only if the wait ran out",
+                    wire_desc(m, ErrorCode::IdempotencyKeyInUse)
+                )]
+            },
+            run: |r| Box::pin(prefer_wait(r)),
+        },
+    ]
+}
+
+async fn conflict(rec: &mut Rec) {
+    let Some((header, value)) = rec.ctx.failpoint(|f| f.pause.as_ref()) else {
+        return;
+    };
+    let key = rec.ctx.key();
+    let a = rec.alias(&key);
+    let marker = rec.ctx.marker();
+    let body = rec.ctx.body(0, &marker);
+    let req = rec.ctx.op(0, Some(&key), &body);
+    let held = req.clone().header(&header, &value);
+    let label = rec.next_label();
+    rec.reproduction
+        .push(format!("# {label}\n{}", rec.ctx.client.curl(&held)));
+    let client = rec.ctx.client.clone();
+    let original = tokio::spawn(async move { client.send(&held).await });
+    // Poll with duplicates until the original is visibly in flight; bounded.
+    let mut dup: Option<Response> = None;
+    for _ in 0..40 {
+        let Some(r) = rec
+            .send(
+                &format!("alice sends a duplicate with {a} while {label} is held"),
+                &req,
+            )
+            .await
+        else {
+            break;
+        };
+        let done = r.status == 409 || r.replayed() || (200..300).contains(&r.status);
+        dup = Some(r);
+        if done {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = match tokio::time::timeout(HOLD * 4, original).await {
+        Ok(Ok(sent)) => rec.record(
+            &label,
+            &format!("alice's original with {a} and {header}: {value}"),
+            sent,
+        ),
+        _ => {
+            rec.stop(
+                Verdict::Inconclusive,
+                format!("{label} did not finish in time"),
+            );
+            None
+        }
+    };
+    let Some(d) = dup else { return };
+    if d.status != 409 {
+        rec.stop(
+            Verdict::Inconclusive,
+            format!(
+                "never observed the key in flight (duplicate got {})",
+                d.summary()
+            ),
+        );
+    }
+    let m = rec.ctx.manifest.clone();
+    rec.check(
+        "idem.inflight.conflict",
+        is_error(&m, &d, ErrorCode::IdempotencyKeyInUse),
+        wire_desc(&m, ErrorCode::IdempotencyKeyInUse),
+        d.summary(),
+    );
+    rec.check(
+        "idem.inflight.retry-after",
+        d.header("retry-after").is_some(),
+        "Retry-After present",
+        d.summary(),
+    );
+    rec.check(
+        "idem.state.three-states",
+        d.status == 409 && !d.replayed(),
+        "in flight is neither absent (execute) nor complete (replay)",
+        d.summary(),
+    );
+    let seen: Vec<&Response> = first.iter().chain(std::iter::once(&d)).collect();
+    rec.check_effects(
+        "idem.inflight.conflict",
+        0,
+        &marker,
+        &seen,
+        1,
+        "the duplicate is not executed",
+    )
+    .await;
+}
+
+async fn prefer_wait(rec: &mut Rec) {
+    let n = (rec.ctx.manifest.limits.concurrency as usize).min(8);
+    let key = rec.ctx.key();
+    let a = rec.alias(&key);
+    let marker = rec.ctx.marker();
+    let body = rec.ctx.body(0, &marker);
+    let req = rec.ctx.op(0, Some(&key), &body).header(PREFER, "wait=5");
+    let sent = round(rec, &req, n, &format!("alice, key {a}, Prefer: wait=5")).await;
+    let o = classify(&rec.ctx.manifest, &sent);
+    rec.check(
+        "idem.inflight.prefer-wait",
+        o.executed == 1 && o.in_use == 0 && o.other.is_empty(),
+        "duplicates held until the original finished, then replayed",
+        format!(
+            "{} execution(s), {} replay(s), {} in-use, other [{}]",
+            o.executed,
+            o.identical_replays,
+            o.in_use,
+            super::concurrency::tally(&o.other)
+        ),
+    );
+    let responses: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
+    rec.check_effects(
+        "idem.concurrency.single-effect",
+        0,
+        &marker,
+        &responses,
+        1,
+        "identical requests, one key",
+    )
+    .await;
+    if o.no_answer > 0 {
+        rec.stop(
+            Verdict::Inconclusive,
+            format!("{} requests got no answer", o.no_answer),
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! The replay family: a duplicate of a completed request gets the stored
+//! response byte for byte, with the marker, and causes nothing.
+
+use super::{check_replay, fresh};
+use crate::case::{Case, Rec};
+
+/// The cases of this family.
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            id: "replay.verbatim",
+            title: "a duplicate of a completed request is replayed byte for byte, with the marker, without re-executing",
+            clauses: &[
+                "idem.replay.verbatim",
+                "idem.replay.marker",
+                "idem.replay.no-reexecution",
+                "idem.state.three-states",
+                "idem.failure.final-outcomes",
+            ],
+            needs: &[],
+            permitted: |_| {
+                vec!["R1: a 2xx without Idempotent-Replayed; R2, R3: the same status, body and headers with Idempotent-Replayed: true; one side effect".into()]
+            },
+            run: |r| Box::pin(verbatim(r)),
+        },
+        Case {
+            id: "replay.canonical-json",
+            title: "key order and whitespace do not make a retry a different request",
+            clauses: &[
+                "idem.fingerprint.canonical-json",
+                "idem.replay.no-reexecution",
+            ],
+            needs: &[],
+            permitted: |_| {
+                vec!["the reformatted body gets a replay (SHOULD); never a second execution".into()]
+            },
+            run: |r| Box::pin(canonical(r)),
+        },
+    ]
+}
+
+async fn verbatim(rec: &mut Rec) {
+    let key = rec.ctx.key();
+    let Some((req, first, marker)) = fresh(rec, 0, &key).await else {
+        return;
+    };
+    let a = rec.alias(&key);
+    let Some(r2) = rec
+        .send(&format!("alice resends R1 unchanged with {a}"), &req)
+        .await
+    else {
+        return;
+    };
+    check_replay(rec, &first, &r2, "R2");
+    rec.check(
+        "idem.state.three-states",
+        r2.same_outcome(&first),
+        "complete key: the stored response",
+        r2.summary(),
+    );
+    rec.check(
+        "idem.failure.final-outcomes",
+        r2.same_outcome(&first),
+        format!("the 2xx outcome ({}) is stored and replayed", first.status),
+        r2.summary(),
+    );
+    let Some(r3) = rec
+        .send(&format!("alice resends R1 again with {a}"), &req)
+        .await
+    else {
+        return;
+    };
+    check_replay(rec, &first, &r3, "R3");
+    rec.check_effects(
+        "idem.replay.no-reexecution",
+        0,
+        &marker,
+        &[&first, &r2, &r3],
+        1,
+        "R2 and R3 are replays",
+    )
+    .await;
+}
+
+/// Re-serialises a JSON value with keys in reverse order and spaces added:
+/// the same value, different bytes.
+fn reformatted(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => {
+            let items: Vec<String> = m
+                .iter()
+                .rev()
+                .map(|(k, v)| format!("{} :  {}", Value::String(k.clone()), reformatted(v)))
+                .collect();
+            format!("{{ \n {} }}", items.join(" ,\n "))
+        }
+        Value::Array(a) => format!(
+            "[ {} ]",
+            a.iter().map(reformatted).collect::<Vec<_>>().join(" , ")
+        ),
+        other => other.to_string(),
+    }
+}
+
+async fn canonical(rec: &mut Rec) {
+    let key = rec.ctx.key();
+    let Some((req, first, marker)) = fresh(rec, 0, &key).await else {
+        return;
+    };
+    let value: serde_json::Value = req
+        .body
+        .as_deref()
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or_default();
+    let mut req2 = req.clone();
+    req2.body = Some(reformatted(&value).into_bytes());
+    let a = rec.alias(&key);
+    let Some(r2) = rec
+        .send(
+            &format!("alice resends R1's body with keys reordered and whitespace added, {a}"),
+            &req2,
+        )
+        .await
+    else {
+        return;
+    };
+    rec.check(
+        "idem.fingerprint.canonical-json",
+        r2.same_outcome(&first),
+        "a replay of R1 (the same JSON value)",
+        r2.summary(),
+    );
+    if r2.same_outcome(&first) {
+        rec.check(
+            "idem.replay.marker",
+            r2.replayed(),
+            "Idempotent-Replayed: true",
+            r2.summary(),
+        );
+    }
+    rec.check_effects(
+        "idem.replay.no-reexecution",
+        0,
+        &marker,
+        &[&first, &r2],
+        1,
+        "the same operation, reformatted",
+    )
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reformatting_keeps_the_value_and_changes_the_bytes() {
+        let v = serde_json::json!({"a": 1, "b": [1, {"c": "x"}], "d": null});
+        let s = super::reformatted(&v);
+        assert_ne!(s, v.to_string());
+        let back: serde_json::Value = serde_json::from_str(&s).expect("valid JSON");
+        assert_eq!(back, v);
+    }
+}

@@ -1,0 +1,178 @@
+//! The window family: replayed for the whole published window, a new
+//! request after it. Needs the clock hook; these cases run last because they
+//! move the target's clock.
+
+use super::{check_replay, fresh};
+use crate::case::{Case, Need, Rec};
+
+use idem_spec::report::Verdict;
+
+/// Seconds of margin on each side of the window edge.
+pub const MARGIN_SECS: u64 = 60;
+
+/// The cases of this family.
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            id: "windows.published",
+            title: "the OpenAPI document publishes the replay window and retention",
+            clauses: &["idem.window.published", "idem.window.retention"],
+            needs: &[Need::OpenApi],
+            permitted: |m| {
+                vec![format!(
+                    "x-idempotency.policy.replay_window_secs = {} (as declared) and retention_secs >= it",
+                    m.policy.replay_window_secs
+                )]
+            },
+            run: |r| Box::pin(published(r)),
+        },
+        Case {
+            id: "windows.replay-within",
+            title: "a duplicate just inside the replay window is replayed",
+            clauses: &["idem.window.replay", "idem.replay.verbatim"],
+            needs: &[Need::Clock],
+            permitted: |m| {
+                vec![format!(
+                    "after {} s (window {} s): a verbatim replay",
+                    m.policy.replay_window_secs.saturating_sub(MARGIN_SECS),
+                    m.policy.replay_window_secs
+                )]
+            },
+            run: |r| Box::pin(within(r)),
+        },
+        Case {
+            id: "windows.expiry",
+            title: "a key reused after the replay window is a brand-new request",
+            clauses: &["idem.window.expiry"],
+            needs: &[Need::Clock],
+            permitted: |m| {
+                vec![format!(
+                    "after {} s: a fresh execution (second effect), then replays of the new outcome",
+                    m.policy.replay_window_secs + MARGIN_SECS
+                )]
+            },
+            run: |r| Box::pin(expiry(r)),
+        },
+    ]
+}
+
+async fn within(rec: &mut Rec) {
+    let key = rec.ctx.key();
+    let Some((req, first, _)) = fresh(rec, 0, &key).await else {
+        return;
+    };
+    let secs = rec
+        .ctx
+        .manifest
+        .policy
+        .replay_window_secs
+        .saturating_sub(MARGIN_SECS);
+    if let Err(e) = rec.ctx.advance_clock(secs).await {
+        rec.stop(Verdict::Error, e);
+        return;
+    }
+    rec.note(format!("the target's clock is advanced by {secs} s"));
+    let a = rec.alias(&key);
+    let Some(r2) = rec.send(&format!("alice resends R1 with {a}"), &req).await else {
+        return;
+    };
+    rec.check(
+        "idem.window.replay",
+        r2.same_outcome(&first),
+        "inside the window: a replay",
+        r2.summary(),
+    );
+    if r2.same_outcome(&first) {
+        check_replay(rec, &first, &r2, "inside the window");
+    }
+}
+
+async fn expiry(rec: &mut Rec) {
+    let key = rec.ctx.key();
+    let Some((req, first, marker)) = fresh(rec, 0, &key).await else {
+        return;
+    };
+    let secs = rec.ctx.manifest.policy.replay_window_secs + MARGIN_SECS;
+    if let Err(e) = rec.ctx.advance_clock(secs).await {
+        rec.stop(Verdict::Error, e);
+        return;
+    }
+    rec.note(format!("the target's clock is advanced by {secs} s"));
+    let a = rec.alias(&key);
+    let Some(r2) = rec
+        .send(&format!("alice resends R1 with {a} after the window"), &req)
+        .await
+    else {
+        return;
+    };
+    rec.check(
+        "idem.window.expiry",
+        (200..300).contains(&r2.status) && !r2.replayed(),
+        "a fresh execution",
+        r2.summary(),
+    );
+    rec.check_effects(
+        "idem.window.expiry",
+        0,
+        &marker,
+        &[&first, &r2],
+        2,
+        "the expired key executed again",
+    )
+    .await;
+    let Some(r3) = rec
+        .send(&format!("alice resends again with {a}"), &req)
+        .await
+    else {
+        return;
+    };
+    rec.check(
+        "idem.window.expiry",
+        r3.same_outcome(&r2),
+        "the new outcome is stored under the key: a replay of R2",
+        r3.summary(),
+    );
+    rec.check(
+        "idem.replay.marker",
+        r3.replayed(),
+        "Idempotent-Replayed: true",
+        r3.summary(),
+    );
+}
+
+async fn published(rec: &mut Rec) {
+    let Some(path) = rec.ctx.manifest.target.openapi_url.clone() else {
+        return;
+    };
+    let req = crate::http::Request {
+        method: "GET".into(),
+        url: rec.ctx.url(&path),
+        headers: rec.ctx.auth(0),
+        body: None,
+        state_changing: false,
+    };
+    let Some(r) = rec.send(&format!("GET {path}"), &req).await else {
+        return;
+    };
+    let doc = r.json().unwrap_or_default();
+    let policy = doc.pointer("/x-idempotency/policy");
+    let window = policy
+        .and_then(|p| p.get("replay_window_secs"))
+        .and_then(serde_json::Value::as_u64);
+    let retention = policy
+        .and_then(|p| p.get("retention_secs"))
+        .and_then(serde_json::Value::as_u64);
+    let declared = rec.ctx.manifest.policy.replay_window_secs;
+    rec.check(
+        "idem.window.published",
+        window == Some(declared),
+        format!("x-idempotency.policy.replay_window_secs = {declared}"),
+        format!("replay_window_secs = {window:?}"),
+    );
+    rec.check(
+        "idem.window.retention",
+        retention.is_some_and(|t| t >= declared),
+        format!("a published retention_secs of at least the window ({declared} s)"),
+        format!("retention_secs = {retention:?}"),
+    );
+}

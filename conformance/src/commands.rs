@@ -1,0 +1,328 @@
+//! The CLI's subcommands, as library functions so tests can drive them.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+use idem_spec::report::Report;
+
+use crate::manifest::{self, Loaded};
+use crate::runner::{self, Options};
+use crate::{EXIT_FAIL, EXIT_HARNESS, EXIT_PASS, Error};
+
+/// Checks an HTTP API against the idempotency contract, black-box.
+#[derive(Debug, Parser)]
+#[command(name = "idem-conformance", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Where reports go.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Outputs {
+    /// Self-contained HTML report.
+    #[arg(long, default_value = "idem-report.html")]
+    pub html: PathBuf,
+    /// JSON report (schema: spec/generated/schemas/Report.schema.json).
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// JUnit XML report.
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+    /// Directory for counterexample files.
+    #[arg(long, default_value = ".")]
+    pub artifacts_dir: PathBuf,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Zero configuration: start the reference server and check it.
+    Demo {
+        /// Seed of the run.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Only cases matching this glob.
+        #[arg(long)]
+        only: Option<String>,
+        /// Start the server with this deliberate flaw (needs the server's `flaws` feature).
+        #[arg(long)]
+        flaw: Option<String>,
+        /// Serve, and check, this profile: reference, ietf-draft, stripe or resend.
+        #[arg(long, default_value = "reference", value_parser = parse_profile)]
+        profile: idem_spec::Profile,
+        /// Reports.
+        #[command(flatten)]
+        out: Outputs,
+    },
+    /// Check the target a manifest describes.
+    Run {
+        /// The target manifest (TOML).
+        #[arg(long, short)]
+        target: PathBuf,
+        /// Seed of the run.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Only cases matching this glob.
+        #[arg(long)]
+        only: Option<String>,
+        /// Use this base URL instead of the manifest's.
+        #[arg(long)]
+        base_url: Option<String>,
+        /// Reports.
+        #[command(flatten)]
+        out: Outputs,
+    },
+    /// Print the cases a run would execute, with their clauses and permitted
+    /// outcomes under the manifest's profile; sends nothing.
+    List {
+        /// The target manifest (TOML).
+        #[arg(long, short)]
+        target: PathBuf,
+    },
+    /// Write a commented manifest template.
+    Init {
+        /// Where to write it.
+        #[arg(default_value = "idem-target.toml")]
+        path: PathBuf,
+    },
+    /// Re-run a saved counterexample against a target.
+    Replay {
+        /// The counterexample file written by a failing run.
+        file: PathBuf,
+        /// The target manifest (TOML).
+        #[arg(long, short)]
+        target: PathBuf,
+        /// Use this base URL instead of the manifest's.
+        #[arg(long)]
+        base_url: Option<String>,
+    },
+}
+
+fn parse_profile(s: &str) -> Result<idem_spec::Profile, String> {
+    idem_spec::Profile::from_name(s).ok_or_else(|| {
+        format!("unknown profile {s:?}; expected reference, ietf-draft, stripe or resend")
+    })
+}
+
+/// Runs a parsed command line; returns the process exit code.
+pub async fn execute(cli: Cli) -> i32 {
+    let result = match cli.command {
+        Command::Demo {
+            seed,
+            only,
+            flaw,
+            profile,
+            out,
+        } => {
+            crate::demo::run(
+                Options {
+                    seed,
+                    only,
+                    progress: true,
+                    artifacts_dir: Some(out.artifacts_dir.clone()),
+                },
+                flaw,
+                profile,
+                &out,
+            )
+            .await
+        }
+        Command::Run {
+            target,
+            seed,
+            only,
+            base_url,
+            out,
+        } => {
+            run(
+                &target,
+                base_url,
+                Options {
+                    seed,
+                    only,
+                    progress: true,
+                    artifacts_dir: Some(out.artifacts_dir.clone()),
+                },
+                &out,
+            )
+            .await
+        }
+        Command::List { target } => list(&target).map(|s| {
+            print!("{s}");
+            EXIT_PASS
+        }),
+        Command::Init { path } => init(&path).map(|()| {
+            println!(
+                "wrote {}; edit it, then: idem-conformance list --target {}",
+                path.display(),
+                path.display()
+            );
+            EXIT_PASS
+        }),
+        Command::Replay {
+            file,
+            target,
+            base_url,
+        } => replay(&file, &target, base_url).await,
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("idem-conformance: {e}");
+        EXIT_HARNESS
+    })
+}
+
+/// Loads a manifest, optionally pointing it at another base URL.
+pub fn load_with(target: &Path, base_url: Option<String>) -> Result<Loaded, Error> {
+    let mut loaded = manifest::load(target)?;
+    if let Some(u) = base_url {
+        loaded.manifest.target.base_url = u;
+        manifest::validate(&loaded.manifest)?;
+    }
+    Ok(loaded)
+}
+
+async fn run(
+    target: &Path,
+    base_url: Option<String>,
+    opts: Options,
+    out: &Outputs,
+) -> Result<i32, Error> {
+    let loaded = load_with(target, base_url)?;
+    let report = runner::run(&loaded, &opts).await?;
+    emit(&report, out)
+}
+
+/// Prints the console report and writes the requested files; returns the
+/// report's exit code.
+pub fn emit(report: &Report, out: &Outputs) -> Result<i32, Error> {
+    print!("{}", crate::report::console::render(report));
+    let write = |p: &Path, s: String| {
+        std::fs::write(p, s).map_err(|source| Error::Io {
+            path: p.to_owned(),
+            source,
+        })
+    };
+    write(&out.html, crate::report::html::render(report))?;
+    println!("HTML report: {}", out.html.display());
+    if let Some(p) = &out.json {
+        write(p, crate::report::json(report)?)?;
+        println!("JSON report: {}", p.display());
+    }
+    if let Some(p) = &out.junit {
+        write(p, crate::report::junit::render(report)?)?;
+        println!("JUnit report: {}", p.display());
+    }
+    Ok(report.summary.exit_code)
+}
+
+/// The plan as text: one block per case.
+pub fn list(target: &Path) -> Result<String, Error> {
+    let loaded = manifest::load(target)?;
+    Ok(plan_text(&loaded))
+}
+
+/// Renders the plan for a loaded manifest without sending anything.
+pub fn plan_text(loaded: &Loaded) -> String {
+    let m = &loaded.manifest;
+    let mut s = format!(
+        "target {} ({}), profile {}, manifest sha256 {}\n",
+        m.target.name,
+        m.target.base_url,
+        crate::manifest::ManifestExt::profile_name(m),
+        loaded.sha256
+    );
+    for c in runner::plan(&Options::default()) {
+        let status = match c.missing_need(m) {
+            Some(n) => format!("unsupported: needs {}", n.describe()),
+            None => "will run".to_owned(),
+        };
+        s.push_str(&format!(
+            "\n{} [{}] — {}\n  {}\n  clauses: {}\n",
+            c.id,
+            c.tier().as_str(),
+            c.title,
+            status,
+            c.clauses.join(", ")
+        ));
+        for p in (c.permitted)(m) {
+            s.push_str(&format!("  permits: {p}\n"));
+        }
+        for w in m
+            .waivers
+            .iter()
+            .filter(|w| crate::waivers::matches(&w.case, c.id))
+        {
+            s.push_str(&format!("  waived: {}\n", w.reason));
+        }
+    }
+    s
+}
+
+/// Writes the commented template; refuses to overwrite.
+pub fn init(path: &Path) -> Result<(), Error> {
+    if path.exists() {
+        return Err(Error::Io {
+            path: path.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists; not overwriting",
+            ),
+        });
+    }
+    std::fs::write(path, manifest::TEMPLATE).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Re-runs a counterexample: exit 1 when it still fails, 0 when fixed.
+pub async fn replay(file: &Path, target: &Path, base_url: Option<String>) -> Result<i32, Error> {
+    let text = std::fs::read_to_string(file).map_err(|source| Error::Io {
+        path: file.to_owned(),
+        source,
+    })?;
+    let cx: crate::model::Counterexample =
+        serde_json::from_str(&text).map_err(|e| Error::ReplayFile {
+            path: file.display().to_string(),
+            message: e.to_string(),
+        })?;
+    let loaded = load_with(target, base_url)?;
+    let code = replay_loaded(&cx, &loaded).await?;
+    Ok(code)
+}
+
+/// Attempts per replay: races (bursts) do not lose every time, so a
+/// counterexample is re-run until it fails or this many attempts pass.
+pub const REPLAY_ATTEMPTS: u32 = 10;
+
+/// Re-runs a counterexample against a loaded manifest, printing the outcome.
+/// Exit 1 when any attempt still violates the contract, 0 when every
+/// attempt agrees with the model.
+pub async fn replay_loaded(
+    cx: &crate::model::Counterexample,
+    loaded: &Loaded,
+) -> Result<i32, Error> {
+    let client = runner::client(loaded)?;
+    let ctx = crate::case::Ctx::new(loaded.manifest.clone(), client, runner::run_id(), cx.seed);
+    println!(
+        "replaying {} operation(s) (found with seed {}) against {}, up to {REPLAY_ATTEMPTS} times",
+        cx.ops.len(),
+        cx.seed,
+        loaded.manifest.target.base_url
+    );
+    for attempt in 1..=REPLAY_ATTEMPTS {
+        if let Err(v) = crate::model::execute(&ctx, &cx.ops, &format!("r{attempt}")).await {
+            println!("STILL FAILS (attempt {attempt}): {}", v.clause);
+            println!("  permitted: {}", v.permitted);
+            println!("  observed:  {}", v.observed);
+            for (i, l) in v.narrative.iter().enumerate() {
+                println!("  {}. {l}", i + 1);
+            }
+            return Ok(EXIT_FAIL);
+        }
+    }
+    println!("FIXED: {REPLAY_ATTEMPTS} attempts agreed with the contract model");
+    Ok(EXIT_PASS)
+}

@@ -1,0 +1,435 @@
+//! The kit's HTTP client: every request goes through here, so the safety
+//! limits (request rate, side-effect budget) hold for every case, and every
+//! request can be rendered as a `curl` reproduction with secrets redacted.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use idem_spec::headers::IDEMPOTENT_REPLAYED;
+use serde_json::Value;
+use tokio::sync::{Barrier, Mutex};
+
+use crate::Error;
+
+/// One request, fully formed, so it can be sent, re-sent and rendered.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Request {
+    /// HTTP method.
+    pub method: String,
+    /// Absolute URL.
+    pub url: String,
+    /// Header fields in order; values are raw bytes so invalid keys can be sent.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// Body bytes, if any.
+    pub body: Option<Vec<u8>>,
+    /// Whether the request may cause a side effect (counts against the budget).
+    pub state_changing: bool,
+}
+
+impl Request {
+    /// Adds a header with a text value.
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers
+            .push((name.to_owned(), value.as_bytes().to_vec()));
+        self
+    }
+
+    /// Removes every header called `name`.
+    pub fn without_header(mut self, name: &str) -> Self {
+        self.headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        self
+    }
+
+    /// Replaces (or sets) the JSON body.
+    pub fn json_body(mut self, body: &Value) -> Self {
+        self.body = Some(body.to_string().into_bytes());
+        self
+    }
+}
+
+/// A response as the kit keeps it: status, headers and the exact body bytes.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Response {
+    /// HTTP status.
+    pub status: u16,
+    /// Header fields (lower-case names), values as text (lossy).
+    pub headers: Vec<(String, String)>,
+    /// Exact body bytes.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The first value of a header.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Whether the response says it is a replay (`Idempotent-Replayed: true`).
+    pub fn replayed(&self) -> bool {
+        self.header(IDEMPOTENT_REPLAYED)
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+    }
+
+    /// The body as JSON, when it is JSON.
+    pub fn json(&self) -> Option<Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+
+    /// The problem document's `code`, when the body has one.
+    pub fn code(&self) -> Option<String> {
+        self.json()?.get("code")?.as_str().map(str::to_owned)
+    }
+
+    /// A short human rendering: `201 (replayed) code=...`.
+    pub fn summary(&self) -> String {
+        let mut s = self.status.to_string();
+        if self.replayed() {
+            s.push_str(" Idempotent-Replayed: true");
+        }
+        if let Some(c) = self.code() {
+            s.push_str(&format!(" code={c}"));
+        }
+        if let Some(v) = self.header("retry-after") {
+            s.push_str(&format!(" Retry-After: {v}"));
+        }
+        s
+    }
+
+    /// Status and body identical: the comparison a replay must pass.
+    pub fn same_outcome(&self, other: &Response) -> bool {
+        self.status == other.status && self.body == other.body
+    }
+}
+
+/// Why a request produced no response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Failure {
+    /// The request timed out: it may or may not have taken effect.
+    Timeout(String),
+    /// The connection broke after the request may have been sent: the kit
+    /// cannot know whether the target acted.
+    Transport(String),
+    /// No connection could be made: nothing was sent (a harness or network
+    /// problem, not a verdict about the target).
+    Connect(String),
+    /// The side-effect budget would be exceeded; nothing was sent.
+    Budget(u64),
+    /// The request could not be formed.
+    Harness(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Timeout(s) => write!(f, "timed out: {s}"),
+            Self::Transport(s) => write!(f, "transport error: {s}"),
+            Self::Connect(s) => write!(f, "could not connect: {s}"),
+            Self::Budget(b) => write!(f, "side-effect budget of {b} exhausted; not sent"),
+            Self::Harness(s) => write!(f, "harness: {s}"),
+        }
+    }
+}
+
+/// Result of one send.
+pub type Sent = Result<Response, Failure>;
+
+/// Token bucket over request starts; bursts up to `capacity` so the
+/// concurrency gate can release its requests together.
+#[derive(Debug)]
+struct RateLimit {
+    per_sec: f64,
+    capacity: f64,
+    state: Mutex<(f64, Instant)>,
+}
+
+impl RateLimit {
+    async fn acquire(&self, n: u32) {
+        let n = f64::from(n).min(self.capacity);
+        // Bounded: each round either takes the tokens or waits exactly for
+        // the deficit to refill, so two rounds suffice unless contended.
+        for _ in 0..10_000 {
+            let wait = {
+                let mut st = self.state.lock().await;
+                let now = Instant::now();
+                st.0 = (st.0 + now.duration_since(st.1).as_secs_f64() * self.per_sec)
+                    .min(self.capacity);
+                st.1 = now;
+                if st.0 >= n {
+                    st.0 -= n;
+                    return;
+                }
+                (n - st.0) / self.per_sec
+            };
+            tokio::time::sleep(Duration::from_secs_f64(wait)).await;
+        }
+    }
+}
+
+/// The limited, counting client shared by a run.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: reqwest::Client,
+    rate: Arc<RateLimit>,
+    budget: u64,
+    effects: Arc<AtomicU64>,
+    requests: Arc<AtomicU64>,
+    secrets: Arc<BTreeSet<String>>,
+}
+
+impl Client {
+    /// Builds a client with the manifest's limits. `secret_headers` names
+    /// the headers whose values are redacted in reproductions.
+    pub fn new(
+        timeout: Duration,
+        requests_per_second: u32,
+        burst: u32,
+        max_side_effects: u64,
+        secret_headers: impl IntoIterator<Item = String>,
+    ) -> Result<Self, Error> {
+        let inner = reqwest::Client::builder()
+            .timeout(timeout)
+            .pool_max_idle_per_host(256)
+            .build()
+            .map_err(|e| Error::Http(e.to_string()))?;
+        let per_sec = f64::from(requests_per_second.max(1));
+        let capacity = per_sec.max(f64::from(burst) + 4.0);
+        Ok(Self {
+            inner,
+            rate: Arc::new(RateLimit {
+                per_sec,
+                capacity,
+                state: Mutex::new((capacity, Instant::now())),
+            }),
+            budget: max_side_effects,
+            effects: Arc::new(AtomicU64::new(0)),
+            requests: Arc::new(AtomicU64::new(0)),
+            secrets: Arc::new(
+                secret_headers
+                    .into_iter()
+                    .map(|h| h.to_ascii_lowercase())
+                    .collect(),
+            ),
+        })
+    }
+
+    /// State-changing requests sent so far.
+    pub fn effects_used(&self) -> u64 {
+        self.effects.load(Ordering::SeqCst)
+    }
+
+    /// Requests sent so far.
+    pub fn requests_sent(&self) -> u64 {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    /// The declared side-effect budget.
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    /// Reserves `n` side effects, or refuses without reserving any.
+    fn reserve(&self, n: u64) -> Result<(), Failure> {
+        self.effects
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                (used + n <= self.budget).then_some(used + n)
+            })
+            .map(|_| ())
+            .map_err(|_| Failure::Budget(self.budget))
+    }
+
+    /// Sends one request under the limits.
+    pub async fn send(&self, req: &Request) -> Sent {
+        if req.state_changing {
+            self.reserve(1)?;
+        }
+        self.rate.acquire(1).await;
+        self.send_now(req).await
+    }
+
+    /// Opens up to `n` pooled connections to `url`'s host by sending `n`
+    /// concurrent GETs to `url` (answers are ignored), so a following burst
+    /// does not spend its first milliseconds on TCP handshakes and its
+    /// requests reach the target closer together.
+    pub async fn warm(&self, url: &str, n: usize) {
+        self.rate.acquire(n as u32).await;
+        let barrier = Arc::new(Barrier::new(n));
+        let mut tasks = Vec::with_capacity(n);
+        for _ in 0..n {
+            let inner = self.inner.clone();
+            let url = url.to_owned();
+            let barrier = barrier.clone();
+            let requests = self.requests.clone();
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                requests.fetch_add(1, Ordering::SeqCst);
+                if let Ok(r) = inner.get(&url).send().await {
+                    let _ = r.bytes().await;
+                }
+            }));
+        }
+        for t in tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// Sends every request at once: budget and rate are taken for the whole
+    /// burst first, then all tasks wait at one barrier and are released
+    /// together. Results come back in request order.
+    pub async fn burst(&self, reqs: Vec<Request>) -> Vec<Sent> {
+        let changing = reqs.iter().filter(|r| r.state_changing).count() as u64;
+        if let Err(f) = self.reserve(changing) {
+            return reqs.iter().map(|_| Err(f.clone())).collect();
+        }
+        self.rate.acquire(reqs.len() as u32).await;
+        let barrier = Arc::new(Barrier::new(reqs.len()));
+        let mut tasks = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            let me = self.clone();
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                me.send_now(&req).await
+            }));
+        }
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            out.push(
+                t.await
+                    .unwrap_or_else(|e| Err(Failure::Harness(e.to_string()))),
+            );
+        }
+        out
+    }
+
+    async fn send_now(&self, req: &Request) -> Sent {
+        self.requests.fetch_add(1, Ordering::SeqCst);
+        let method = reqwest::Method::from_bytes(req.method.as_bytes())
+            .map_err(|e| Failure::Harness(e.to_string()))?;
+        let mut b = self.inner.request(method, &req.url);
+        let mut headers = reqwest::header::HeaderMap::new();
+        for (name, value) in &req.headers {
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| Failure::Harness(format!("header name {name:?}: {e}")))?;
+            let value = reqwest::header::HeaderValue::from_bytes(value)
+                .map_err(|e| Failure::Harness(format!("header value for {name}: {e}")))?;
+            headers.append(name, value);
+        }
+        b = b.headers(headers);
+        if let Some(body) = &req.body {
+            b = b.body(body.clone());
+        }
+        let resp = b.send().await.map_err(classify)?;
+        let status = resp.status().as_u16();
+        let headers = resp
+            .headers()
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let body = resp.bytes().await.map_err(classify)?.to_vec();
+        Ok(Response {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// A `curl` command reproducing `req`, with secret header values
+    /// replaced by `<redacted>`.
+    pub fn curl(&self, req: &Request) -> String {
+        curl(req, &self.secrets)
+    }
+}
+
+fn classify(e: reqwest::Error) -> Failure {
+    if e.is_timeout() {
+        Failure::Timeout(e.to_string())
+    } else if e.is_connect() {
+        Failure::Connect(e.to_string())
+    } else {
+        Failure::Transport(format!(
+            "{e} ({:?})",
+            std::error::Error::source(&e).map(|s| s.to_string())
+        ))
+    }
+}
+
+/// Renders a request as a `curl` command; header values named in `secrets`
+/// (lower-case) are redacted.
+pub fn curl(req: &Request, secrets: &BTreeSet<String>) -> String {
+    let mut s = format!("curl -sS -i -X {} {}", req.method, shell_quote(&req.url));
+    for (name, value) in &req.headers {
+        let shown = if secrets.contains(&name.to_ascii_lowercase()) {
+            "<redacted>".to_owned()
+        } else {
+            String::from_utf8_lossy(value).into_owned()
+        };
+        s.push_str(&format!(" -H {}", shell_quote(&format!("{name}: {shown}"))));
+    }
+    if let Some(body) = &req.body {
+        s.push_str(&format!(
+            " --data-binary {}",
+            shell_quote(&String::from_utf8_lossy(body))
+        ));
+    }
+    s
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curl_redacts_secret_headers_and_quotes_safely() {
+        let req = Request {
+            method: "POST".into(),
+            url: "http://127.0.0.1:1/v1/transfers".into(),
+            headers: vec![
+                ("Authorization".into(), b"Bearer s3cret".to_vec()),
+                ("Idempotency-Key".into(), b"run-1'x".to_vec()),
+            ],
+            body: Some(br#"{"a":1}"#.to_vec()),
+            state_changing: true,
+        };
+        let secrets: BTreeSet<String> = ["authorization".to_owned()].into();
+        let c = curl(&req, &secrets);
+        assert!(!c.contains("s3cret"), "{c}");
+        assert!(c.contains("'Authorization: <redacted>'"), "{c}");
+        assert!(c.contains(r"'Idempotency-Key: run-1'\''x'"), "{c}");
+        assert!(c.contains(r#"--data-binary '{"a":1}'"#), "{c}");
+    }
+
+    #[tokio::test]
+    async fn budget_refuses_before_sending() {
+        let c = Client::new(Duration::from_secs(1), 100, 4, 1, []).expect("client");
+        // Port 9 (discard) on loopback: nothing listens, but the budget
+        // check comes first, so the second request never reaches the network.
+        let req = Request {
+            method: "POST".into(),
+            url: "http://127.0.0.1:9/x".into(),
+            headers: vec![],
+            body: None,
+            state_changing: true,
+        };
+        let first = c.send(&req).await;
+        assert!(matches!(first, Err(Failure::Connect(_))), "{first:?}");
+        assert_eq!(c.send(&req).await, Err(Failure::Budget(1)));
+        assert_eq!(c.effects_used(), 1);
+        assert_eq!(c.requests_sent(), 1);
+        let burst = c.burst(vec![req.clone(), req]).await;
+        assert!(burst.iter().all(|r| *r == Err(Failure::Budget(1))));
+    }
+}

@@ -1,0 +1,158 @@
+//! One self-contained HTML page: header with the run's identity, the
+//! clause × verdict matrix, every case with its explanation. No external
+//! assets, so the file can be attached to a CI run or mailed.
+
+use std::fmt::Write;
+
+use idem_spec::report::{Report, Verdict};
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn color(v: Verdict) -> &'static str {
+    match v {
+        Verdict::Pass => "#2e7d32",
+        Verdict::NonStrict => "#9e9d24",
+        Verdict::Unsupported => "#757575",
+        Verdict::Inconclusive => "#ef6c00",
+        Verdict::Error => "#6a1b9a",
+        Verdict::Fail => "#c62828",
+    }
+}
+
+fn badge(v: Verdict) -> String {
+    format!(
+        "<span class=\"b\" style=\"background:{}\">{}</span>",
+        color(v),
+        v.as_str()
+    )
+}
+
+/// Renders the HTML report.
+pub fn render(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>idem-conformance: {}</title>\
+<style>body{{font:14px system-ui,sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;width:100%}}\
+td,th{{border:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}}th{{background:#f5f5f5}}\
+.b{{color:#fff;border-radius:3px;padding:1px 6px;font-size:12px;white-space:nowrap}}pre{{background:#f7f7f7;padding:8px;overflow-x:auto;white-space:pre-wrap}}\
+details{{margin:4px 0}}code{{font-size:12px}}</style></head><body>",
+        esc(&r.target)
+    );
+    let sm = &r.summary;
+    let result = match sm.exit_code {
+        0 => "conforms: no MUST clause failed",
+        1 => "does not conform: a MUST clause failed",
+        _ => "harness error",
+    };
+    let _ = write!(
+        s,
+        "<h1>{}</h1><p><b>{}</b> (exit {})</p><table><tr><th>base URL</th><td>{}</td><th>profile</th><td>{}</td></tr>\
+<tr><th>kit</th><td>{}</td><th>contract</th><td>{}</td></tr><tr><th>manifest sha256</th><td><code>{}</code></td><th>run / seed</th><td>{} / {}</td></tr>\
+<tr><th>requests</th><td>{} ({} state-changing)</td><th>duration</th><td>{} ms</td></tr></table>",
+        esc(&r.target),
+        result,
+        sm.exit_code,
+        esc(&r.base_url),
+        esc(&r.profile),
+        esc(&r.kit_version),
+        esc(&r.contract_version),
+        esc(&r.manifest_sha256),
+        esc(&r.run_id),
+        r.seed,
+        r.requests,
+        r.side_effect_requests,
+        r.duration_ms
+    );
+    let _ = write!(
+        s,
+        "<p>cases: {} pass, {} fail, {} non-strict, {} inconclusive, {} unsupported, {} error</p>",
+        sm.pass, sm.fail, sm.non_strict, sm.inconclusive, sm.unsupported, sm.error
+    );
+    if !sm.must_clauses_failed.is_empty() {
+        let _ = write!(
+            s,
+            "<p><b>MUST clauses failed:</b> {}</p>",
+            esc(&sm.must_clauses_failed.join(", "))
+        );
+    }
+    let _ = write!(
+        s,
+        "<h2>Clauses</h2><table><tr><th>clause</th><th>level</th><th>verdict</th><th>cases</th><th>title</th></tr>"
+    );
+    for c in &r.clauses {
+        let links: Vec<String> = c
+            .cases
+            .iter()
+            .map(|id| format!("<a href=\"#{0}\">{0}</a>", esc(id)))
+            .collect();
+        let _ = write!(
+            s,
+            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&c.id),
+            c.level.as_str(),
+            badge(c.verdict),
+            links.join(" "),
+            esc(&c.title)
+        );
+    }
+    let _ = write!(
+        s,
+        "</table><h2>Cases</h2><table><tr><th>case</th><th>tier</th><th>verdict</th><th>clauses</th><th>title</th></tr>"
+    );
+    for c in &r.cases {
+        let waived = c
+            .waived
+            .as_ref()
+            .map_or(String::new(), |w| format!(" <i>(waived: {})</i>", esc(w)));
+        let _ = write!(
+            s,
+            "<tr id=\"{0}\"><td><code>{0}</code></td><td>{1}</td><td>{2}{3}</td><td><code>{4}</code></td><td>{5}",
+            esc(&c.id),
+            c.tier.as_str(),
+            badge(c.verdict),
+            waived,
+            esc(&c.clauses.join(", ")),
+            esc(&c.title)
+        );
+        let lines = super::explain(c);
+        if !lines.is_empty() {
+            let open = if matches!(c.verdict, Verdict::Fail | Verdict::Error) {
+                " open"
+            } else {
+                ""
+            };
+            let _ = write!(
+                s,
+                "<details{open}><summary>details</summary><pre>{}</pre></details>",
+                esc(&lines.join("\n"))
+            );
+        }
+        let _ = write!(s, "</td></tr>");
+    }
+    let _ = write!(s, "</table>");
+    if !r.waivers.is_empty() {
+        let _ = write!(
+            s,
+            "<h2>Waivers</h2><table><tr><th>case</th><th>reason</th><th>matched</th><th>stale</th></tr>"
+        );
+        for w in &r.waivers {
+            let _ = write!(
+                s,
+                "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&w.case),
+                esc(&w.reason),
+                esc(&w.matched.join(", ")),
+                esc(w.stale.as_deref().unwrap_or(""))
+            );
+        }
+        let _ = write!(s, "</table>");
+    }
+    let _ = writeln!(s, "</body></html>");
+    s
+}

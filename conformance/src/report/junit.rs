@@ -1,0 +1,57 @@
+//! JUnit XML: one suite per clause family, one test case per case.
+//! Fail and error map to JUnit failure and error; unsupported and
+//! inconclusive are skipped (never passed); non-strict passes with a note.
+
+use std::time::Duration;
+
+use idem_spec::report::{Report, Verdict};
+use quick_junit::{NonSuccessKind, TestCase, TestCaseStatus, TestSuite};
+
+/// Renders the JUnit XML report.
+pub fn render(r: &Report) -> Result<String, crate::Error> {
+    let mut report = quick_junit::Report::new("idem-conformance");
+    report.set_time(Duration::from_millis(r.duration_ms));
+    let mut families: Vec<&str> = r.cases.iter().map(|c| c.family.as_str()).collect();
+    families.dedup();
+    for fam in families {
+        let mut suite = TestSuite::new(fam);
+        suite.add_property(("target", r.target.as_str()));
+        suite.add_property(("profile", r.profile.as_str()));
+        suite.add_property(("contract_version", r.contract_version.as_str()));
+        suite.add_property(("kit_version", r.kit_version.as_str()));
+        suite.add_property(("manifest_sha256", r.manifest_sha256.as_str()));
+        suite.add_property(("seed", r.seed.to_string().as_str()));
+        for c in r.cases.iter().filter(|c| c.family == fam) {
+            let explanation = super::explain(c).join("\n");
+            let mut status = match (c.verdict, &c.waived) {
+                (Verdict::Pass | Verdict::NonStrict, _) => TestCaseStatus::success(),
+                (Verdict::Fail, None) => TestCaseStatus::non_success(NonSuccessKind::Failure),
+                (Verdict::Error, None) => TestCaseStatus::non_success(NonSuccessKind::Error),
+                _ => TestCaseStatus::skipped(),
+            };
+            if c.verdict != Verdict::Pass {
+                status.set_message(format!(
+                    "{}{}",
+                    c.verdict,
+                    c.reason
+                        .as_ref()
+                        .map_or(String::new(), |r| format!(": {r}"))
+                ));
+                status.set_description(explanation.clone());
+            }
+            let mut tc = TestCase::new(c.id.as_str(), status);
+            tc.set_classname(format!("idem-conformance.{fam}"));
+            tc.set_time(Duration::from_millis(c.duration_ms));
+            tc.add_property(("clauses", c.clauses.join(",").as_str()));
+            tc.add_property(("verdict", c.verdict.as_str()));
+            if c.verdict == Verdict::NonStrict {
+                tc.set_system_out(explanation);
+            }
+            suite.add_test_case(tc);
+        }
+        report.add_test_suite(suite);
+    }
+    report
+        .to_string()
+        .map_err(|e| crate::Error::Report(e.to_string()))
+}

@@ -1,0 +1,93 @@
+//! The CLI's offline commands and the harness's own verdicts, without any
+//! server: `init` writes a template `list` accepts, `list` sends nothing,
+//! undeclared hooks are unsupported (never pass), an unreachable target is
+//! a harness error (exit 2), waivers are reported.
+
+use std::sync::Arc;
+
+use idem_conformance::case::Ctx;
+use idem_conformance::{commands, manifest, runner};
+use idem_spec::report::Verdict;
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("idem-conf-cli-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&d).expect("tmp dir");
+    d.join(name)
+}
+
+#[test]
+fn init_writes_a_template_that_list_plans_without_sending() {
+    let p = tmp("target.toml");
+    commands::init(&p).expect("init");
+    assert!(commands::init(&p).is_err(), "init never overwrites");
+    // The template points at 127.0.0.1:8080; nothing listens there in
+    // tests, and list must not need it.
+    let plan = commands::list(&p).expect("list");
+    assert!(plan.contains("concurrency.gate"), "{plan}");
+    assert!(plan.contains("unsupported: needs hooks.clock"), "{plan}");
+    assert!(plan.contains("permits: "), "{plan}");
+}
+
+#[tokio::test]
+async fn undeclared_hooks_make_cases_unsupported_not_passed() {
+    let loaded = manifest::parse(manifest::TEMPLATE, "t").expect("template");
+    let client = runner::client(&loaded).expect("client");
+    let ctx = Arc::new(Ctx::new(
+        loaded.manifest.clone(),
+        client,
+        runner::run_id(),
+        1,
+    ));
+    for case in idem_conformance::cases::all()
+        .iter()
+        .filter(|c| c.missing_need(&loaded.manifest).is_some())
+    {
+        let r = runner::run_case(case, ctx.clone()).await;
+        assert_eq!(r.verdict, Verdict::Unsupported, "{}", case.id);
+        assert!(
+            r.reason
+                .as_deref()
+                .is_some_and(|s| s.contains("not declared"))
+        );
+    }
+    assert_eq!(
+        ctx.client.requests_sent(),
+        0,
+        "unsupported cases send nothing"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_target_is_a_harness_error_with_its_own_exit_code() {
+    // Bind then drop a listener: the port is very likely closed now.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let text = manifest::TEMPLATE
+        .replace("http://127.0.0.1:8080", &format!("http://127.0.0.1:{port}"))
+        .replace("# [[waivers]]\n# case = \"windows.*\"\n# reason = \"sandbox clock cannot be advanced\"", "[[waivers]]\ncase = \"nothing.*\"\nreason = \"stale on purpose\"");
+    let loaded = manifest::parse(&text, "t").expect("manifest");
+    let r = runner::run(
+        &loaded,
+        &runner::Options {
+            seed: Some(3),
+            only: Some("keys.*".into()),
+            progress: false,
+            artifacts_dir: Some(std::env::temp_dir()),
+        },
+    )
+    .await
+    .expect("run");
+    assert!(
+        r.cases
+            .iter()
+            .all(|c| c.verdict == Verdict::Error || c.verdict == Verdict::Unsupported),
+        "{r:#?}"
+    );
+    assert_eq!(r.summary.exit_code, idem_conformance::EXIT_HARNESS);
+    assert!(r.summary.must_clauses_failed.is_empty());
+    assert_eq!(r.waivers.len(), 1);
+    assert_eq!(r.waivers[0].stale.as_deref(), Some("matches no case"));
+}

@@ -1,0 +1,333 @@
+//! The conformance kit's target manifest: what a vendor declares about its
+//! API so the kit can check it against the contract, black-box, over HTTP.
+//!
+//! The manifest is TOML on disk; its JSON Schema is generated from these
+//! types (`spec/generated/schemas/Manifest.schema.json`), so editors and CI
+//! can validate a manifest without running the kit. Loading, template
+//! expansion and validation with readable errors live in the kit
+//! (`idem-conformance`); this module only defines the shape.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::policy::FailurePolicy;
+use crate::problem::Profile;
+
+/// A target manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Which API is under test.
+    pub target: Target,
+    /// The status and code table the target claims to follow.
+    #[serde(default)]
+    pub profile: ProfileDecl,
+    /// Two or more identities; per-caller scoping needs at least two.
+    pub callers: Vec<Caller>,
+    /// The idempotent endpoints to exercise. The first is the main one.
+    pub endpoints: Vec<Endpoint>,
+    /// What the target says it does; cases check the declaration.
+    #[serde(default)]
+    pub policy: DeclaredPolicy,
+    /// How the kit counts side effects.
+    pub probe: EffectProbe,
+    /// Optional test hooks; a case needing an undeclared hook is `unsupported`.
+    #[serde(default)]
+    pub hooks: Hooks,
+    /// Safety limits the run never exceeds.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Cases the vendor waives, each with a reason.
+    #[serde(default)]
+    pub waivers: Vec<Waiver>,
+}
+
+/// The API under test.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Target {
+    /// A name for reports.
+    pub name: String,
+    /// Base URL every path is joined to, e.g. `https://sandbox.example.com`.
+    pub base_url: String,
+    /// Path (or URL) of the target's OpenAPI document, if it publishes one;
+    /// the kit looks there for the published replay window and retention.
+    #[serde(default)]
+    pub openapi_url: Option<String>,
+}
+
+/// The profile a target declares: one of the published ones, optionally
+/// with per-error overrides (a custom table).
+#[derive(
+    Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileDecl {
+    /// The published profile the table starts from.
+    #[serde(default)]
+    pub base: Profile,
+    /// Overrides keyed by contract error code (`idempotency_key_missing`,
+    /// `idempotency_key_invalid`, `idempotency_key_mismatch`,
+    /// `idempotency_key_in_use`).
+    #[serde(default)]
+    pub errors: BTreeMap<String, WireError>,
+}
+
+/// How a target spells one contract error on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WireError {
+    /// HTTP status.
+    pub status: u16,
+    /// The `code` member of the problem document.
+    pub code: String,
+}
+
+/// One caller identity.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Caller {
+    /// A name for reports and for `{{...}}` lookups.
+    pub name: String,
+    /// Headers that authenticate this caller. Their values are secrets: the
+    /// kit redacts them in every report and reproduction.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Values substituted for `{{name}}` in body templates when this caller
+    /// sends (e.g. its own account ids).
+    #[serde(default)]
+    pub vars: BTreeMap<String, String>,
+}
+
+/// An idempotent endpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Endpoint {
+    /// A name for reports.
+    pub name: String,
+    /// HTTP method, e.g. `POST`.
+    pub method: String,
+    /// Path (and query) joined to the base URL.
+    pub path: String,
+    /// JSON body template. String values are templates: `{{marker}}` becomes
+    /// a run-unique marker, `{{amount}}` (as the whole value) a fresh small
+    /// integer, `{{uuid}}` a fresh UUID, `{{name}}` the caller's var `name`.
+    pub body: serde_json::Value,
+    /// Whether the endpoint requires a key (the kit then checks
+    /// `idempotency_key_missing`).
+    #[serde(default = "yes")]
+    pub key_required: bool,
+    /// A body the endpoint accepts syntactically but refuses with a final 4xx
+    /// after claiming the key (e.g. an amount above the balance). Enables
+    /// the 4xx-is-final case.
+    #[serde(default)]
+    pub rejected_body: Option<serde_json::Value>,
+    /// Response headers the endpoint declares replayed, beyond
+    /// Content-Type, Location and ETag.
+    #[serde(default)]
+    pub replayed_headers: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// In-flight behaviour as declared in a manifest.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum InFlightMode {
+    /// 409 `idempotency_key_in_use` at once.
+    Conflict,
+    /// 409 at once, or hold and replay when the client sends `Prefer: wait=N`.
+    #[default]
+    ConflictOrWait,
+}
+
+/// Policies the target declares.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeclaredPolicy {
+    /// Replay window, seconds.
+    #[serde(default = "default_window")]
+    pub replay_window_secs: u64,
+    /// In-flight behaviour.
+    #[serde(default)]
+    pub in_flight: InFlightMode,
+    /// Which outcomes are stored.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+}
+
+fn default_window() -> u64 {
+    crate::policy::DEFAULT_REPLAY_WINDOW_SECS
+}
+
+impl Default for DeclaredPolicy {
+    fn default() -> Self {
+        Self {
+            replay_window_secs: default_window(),
+            in_flight: InFlightMode::default(),
+            failure_policy: FailurePolicy::default(),
+        }
+    }
+}
+
+/// How the kit observes side effects. Read-only by construction: the kit
+/// only ever sends GET to a probe.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case", tag = "kind", deny_unknown_fields)]
+pub enum EffectProbe {
+    /// A URL (with `{{marker}}` substituted) whose JSON answer holds a number
+    /// at `count_pointer` (RFC 6901), or an array there whose length counts.
+    Count {
+        /// Path (or absolute URL) to GET.
+        url: String,
+        /// JSON pointer to the count or array; empty for the whole document.
+        #[serde(default)]
+        count_pointer: String,
+        /// Which caller's headers the probe sends (default: the first).
+        #[serde(default)]
+        caller: Option<String>,
+    },
+    /// A listing URL; the kit counts items whose `match_pointer` value
+    /// equals the run-unique marker.
+    List {
+        /// Path (or absolute URL) to GET.
+        url: String,
+        /// JSON pointer to the array of items; empty for the whole document.
+        #[serde(default)]
+        items_pointer: String,
+        /// JSON pointer, inside an item, to the field holding the marker.
+        match_pointer: String,
+        /// Which caller's headers the probe sends (default: the first).
+        #[serde(default)]
+        caller: Option<String>,
+    },
+    /// No count endpoint: the JSON pointer of the created resource's id in a
+    /// 2xx body. Distinct ids for one key reveal a double execution.
+    ResourceId {
+        /// JSON pointer to the id in the success body, e.g. `/id`.
+        id_pointer: String,
+    },
+}
+
+/// Optional hooks.
+#[derive(
+    Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(deny_unknown_fields)]
+pub struct Hooks {
+    /// Advances the target's clock (replay-window cases).
+    #[serde(default)]
+    pub clock: Option<ClockHook>,
+    /// A request header that injects faults.
+    #[serde(default)]
+    pub failpoint: Option<FailpointHook>,
+    /// A command that restarts the target (crash-recovery cases).
+    #[serde(default)]
+    pub restart: Option<RestartHook>,
+}
+
+/// The clock hook: `POST url` with `{"advance_secs": N}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClockHook {
+    /// Path (or absolute URL) of the clock endpoint.
+    pub url: String,
+}
+
+/// The failpoint hook: a request header and the values that trigger faults.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailpointHook {
+    /// Header name, e.g. `Idem-Failpoint`.
+    pub header: String,
+    /// Value that makes the request fail with a 5xx after claiming its key,
+    /// leaving nothing committed.
+    #[serde(default)]
+    pub server_error: Option<String>,
+    /// Value that makes the process abort after the business writes commit
+    /// and before the response is sent (used with the restart hook).
+    #[serde(default)]
+    pub crash_after_commit: Option<String>,
+    /// Value that holds the request in flight until the hook's release (or
+    /// the lease expires); enables the deterministic in-flight case.
+    #[serde(default)]
+    pub pause: Option<String>,
+}
+
+/// The restart hook: a shell command the kit runs, then waits for the base
+/// URL to answer again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RestartHook {
+    /// The command, run with `sh -c`.
+    pub command: String,
+}
+
+/// Safety limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// The most state-changing requests (potential side effects) one run may send.
+    #[serde(default = "default_max_effects")]
+    pub max_side_effects: u64,
+    /// Requests per second, sustained.
+    #[serde(default = "default_rps")]
+    pub requests_per_second: u32,
+    /// Requests released together by the concurrency gate.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    /// Per-request timeout, milliseconds; a timeout is inconclusive.
+    #[serde(default = "default_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// How many generated operation sequences the property phase runs (0 disables it).
+    #[serde(default = "default_sequences")]
+    pub property_sequences: u32,
+}
+
+fn default_max_effects() -> u64 {
+    500
+}
+fn default_rps() -> u32 {
+    50
+}
+fn default_concurrency() -> u32 {
+    32
+}
+fn default_timeout_ms() -> u64 {
+    10_000
+}
+fn default_sequences() -> u32 {
+    8
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_side_effects: default_max_effects(),
+            requests_per_second: default_rps(),
+            concurrency: default_concurrency(),
+            request_timeout_ms: default_timeout_ms(),
+            property_sequences: default_sequences(),
+        }
+    }
+}
+
+/// A reviewed exception: the named cases are run and reported, but their
+/// failures do not fail the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Waiver {
+    /// Case ID or glob (`*` matches any run of characters), e.g. `windows.*`.
+    pub case: String,
+    /// Why; required and non-empty.
+    pub reason: String,
+    /// A link to the ticket or decision.
+    #[serde(default)]
+    pub link: Option<String>,
+}

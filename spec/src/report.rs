@@ -1,0 +1,208 @@
+//! The conformance report: one data model every reporter renders (console,
+//! JSON, JUnit XML, HTML). Its JSON Schema is generated
+//! (`spec/generated/schemas/Report.schema.json`) so CI systems can consume
+//! the JSON report without depending on the kit.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::clauses::Level;
+
+/// The verdict of one case, and of one clause for one target.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Every check held.
+    Pass,
+    /// A SHOULD (or a declared MAY) was missed; conformant but not strict.
+    NonStrict,
+    /// A required capability (hook) was not declared; never counted as pass.
+    Unsupported,
+    /// The outcome could not be known (e.g. a timeout); never counted as pass.
+    Inconclusive,
+    /// A harness or network problem, kept apart from target failures.
+    Error,
+    /// A MUST was broken.
+    Fail,
+}
+
+impl Verdict {
+    /// Every verdict, best first.
+    pub const ALL: [Verdict; 6] = [
+        Self::Pass,
+        Self::NonStrict,
+        Self::Unsupported,
+        Self::Inconclusive,
+        Self::Error,
+        Self::Fail,
+    ];
+
+    /// The kebab-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pass => "pass",
+            Self::NonStrict => "non-strict",
+            Self::Unsupported => "unsupported",
+            Self::Inconclusive => "inconclusive",
+            Self::Error => "error",
+            Self::Fail => "fail",
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One run of the kit against one target.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+pub struct Report {
+    /// Version of the kit that produced the report.
+    pub kit_version: String,
+    /// The contract version checked (`idem_spec::CONTRACT_VERSION`).
+    pub contract_version: String,
+    /// The profile the target declared (`reference`, ..., or `custom`).
+    pub profile: String,
+    /// SHA-256 (hex) of the manifest file's bytes, so results are only
+    /// compared like with like.
+    pub manifest_sha256: String,
+    /// The target's name.
+    pub target: String,
+    /// The target's base URL.
+    pub base_url: String,
+    /// The run-unique prefix carried by every key and marker.
+    pub run_id: String,
+    /// Seed of the generated (property) phase.
+    pub seed: u64,
+    /// Start of the run, seconds since the Unix epoch.
+    pub started_unix_secs: u64,
+    /// Wall time of the run, milliseconds.
+    pub duration_ms: u64,
+    /// State-changing requests sent (the side-effect budget's meter).
+    pub side_effect_requests: u64,
+    /// Every request sent.
+    pub requests: u64,
+    /// One entry per case, in run order.
+    pub cases: Vec<CaseReport>,
+    /// One entry per server clause: the clause × verdict matrix.
+    pub clauses: Vec<ClauseReport>,
+    /// Every waiver of the manifest and whether it still applies.
+    pub waivers: Vec<WaiverReport>,
+    /// Counts and the exit code.
+    pub summary: Summary,
+}
+
+/// One case's result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+pub struct CaseReport {
+    /// Stable case ID, `family.name`.
+    pub id: String,
+    /// The clause family (module) the case belongs to.
+    pub family: String,
+    /// One line: what the case does.
+    pub title: String,
+    /// The strongest level among the clauses the case checks.
+    pub tier: Level,
+    /// Clause IDs the case cites.
+    pub clauses: Vec<String>,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Why the verdict is not `pass` (inconclusive reason, missing hook, error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Per-check results; the failing ones explain the verdict.
+    pub checks: Vec<CheckReport>,
+    /// The steps as a numbered narrative (R1, R2, ...).
+    pub narrative: Vec<String>,
+    /// `curl` commands reproducing the requests, secrets redacted.
+    pub reproduction: Vec<String>,
+    /// The waiver's reason when a waiver matched this case.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waived: Option<String>,
+    /// Wall time, milliseconds.
+    pub duration_ms: u64,
+}
+
+/// One check inside a case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+pub struct CheckReport {
+    /// The clause the check enforces.
+    pub clause: String,
+    /// The clause's level.
+    pub level: Level,
+    /// The verdict of this check.
+    pub verdict: Verdict,
+    /// What the contract (under the declared profile) permits.
+    pub permitted: String,
+    /// What the target did.
+    pub observed: String,
+}
+
+/// The verdict for one clause across every case that checks it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+pub struct ClauseReport {
+    /// Clause ID.
+    pub id: String,
+    /// Clause level.
+    pub level: Level,
+    /// The clause's one-line title.
+    pub title: String,
+    /// Worst verdict of the checks citing it; `unsupported` when no case
+    /// could check it on this target.
+    pub verdict: Verdict,
+    /// The cases citing the clause.
+    pub cases: Vec<String>,
+}
+
+/// A waiver and its state after the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+pub struct WaiverReport {
+    /// The waiver's case pattern.
+    pub case: String,
+    /// The waiver's reason.
+    pub reason: String,
+    /// Cases the pattern matched.
+    pub matched: Vec<String>,
+    /// Why the waiver is stale (matches nothing, or every matched case now
+    /// passes); absent when it still applies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stale: Option<String>,
+}
+
+/// Counts per verdict and the process exit code.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+pub struct Summary {
+    /// Cases that passed.
+    pub pass: u32,
+    /// Cases that missed only SHOULDs.
+    pub non_strict: u32,
+    /// Cases that could not run for lack of a hook.
+    pub unsupported: u32,
+    /// Cases whose outcome could not be known.
+    pub inconclusive: u32,
+    /// Cases that hit a harness error.
+    pub error: u32,
+    /// Cases that broke a MUST (waived ones included).
+    pub fail: u32,
+    /// MUST clauses with a failing, unwaived check.
+    pub must_clauses_failed: Vec<String>,
+    /// Waivers reported stale.
+    pub stale_waivers: u32,
+    /// 0: no MUST clause failed; 1: a MUST clause failed; 2: harness error.
+    pub exit_code: i32,
+}
