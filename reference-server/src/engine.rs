@@ -41,7 +41,7 @@ use tokio::time::Instant;
 
 use crate::clock::{Clock, Millis};
 use crate::error::{Error, Result};
-use crate::failpoint::{FAILPOINT_HEADER, Failpoint, Failpoints};
+use crate::failpoint::{FAILPOINT_HEADER, Failpoint, Failpoints, Position, STARTED};
 use crate::flaws::{Flaw, Flaws};
 use crate::layer::{Caller, IdemTx};
 use crate::multistep::{Driver, Start};
@@ -531,18 +531,27 @@ impl<K: KeyStore> Engine<K> {
         tracing::debug!(caller = %req.caller, key = %req.key, generation = claimed.generation, "claimed; executing");
         let slot = IdemTx::new(claimed.tx);
         parts.extensions.insert(slot.clone());
+        self.failpoints
+            .hit(&req.failpoints, Position::After, STARTED)
+            .await;
         // A single-phase request may not hold its key longer than its lease:
         // past it, the endpoint's future is dropped, its writes are rolled
         // back with the claim and the client gets a retryable 500. (On SQLite
         // this also bounds how long one request can hold the writer.)
-        let response = tokio::time::timeout(
-            self.config.lease,
-            call(
-                inner,
-                Request::from_parts(parts, Body::from(req.body.clone())),
-            ),
-        )
-        .await;
+        let response = if Failpoints::injects_error(&req.failpoints) {
+            // The injected server error stands in for the endpoint and goes
+            // through the same failure policy as a real one.
+            Ok(injected_error())
+        } else {
+            tokio::time::timeout(
+                self.config.lease,
+                call(
+                    inner,
+                    Request::from_parts(parts, Body::from(req.body.clone())),
+                ),
+            )
+            .await
+        };
         let tx = slot.take().await;
         let response = match response {
             Ok(r) => r,
@@ -587,6 +596,9 @@ impl<K: KeyStore> Engine<K> {
                     self.clock.now_ms(),
                 )
                 .await?;
+            self.failpoints
+                .hit(&req.failpoints, Position::After, RecoveryPoint::FINISHED)
+                .await;
         } else {
             // A 5xx is never stored: roll back the endpoint's writes and the
             // claim together, so the key is absent again and a retry with the
@@ -677,6 +689,13 @@ impl<K: KeyStore> Engine<K> {
         }
         response
     }
+}
+
+/// The 500 an `error-after=started` failpoint answers instead of the endpoint.
+pub(crate) fn injected_error() -> Response<Body> {
+    axum::response::IntoResponse::into_response(Error::Internal(
+        "server error injected by Idem-Failpoint: error-after=started".into(),
+    ))
 }
 
 async fn call<S>(mut inner: S, req: Request<Body>) -> Response<Body>

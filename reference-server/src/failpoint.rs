@@ -16,9 +16,22 @@
 //! - `pause` stalls the request until `POST /_test/failpoints/release` (or
 //!   `--failpoint-max-pause-secs`, a bound so a forgotten pause cannot wedge
 //!   a test run); `GET /_test/failpoints` lists the requests paused now.
+//! - `error` answers a retryable 500 instead of running the endpoint. It
+//!   exists only as `error-after=started`: the key is claimed, nothing of the
+//!   endpoint has run, and the 500 rolls the claim back, so a retry with the
+//!   same key executes afresh (clause idem.failure.5xx-not-stored). This is
+//!   how the conformance kit provokes a server error black-box.
 //!
-//! The names, for `POST /v1/payments` (the generic driver supplies the
-//! recovery-point ones for any multi-step endpoint):
+//! Every idempotent endpoint, single-phase (`POST /v1/transfers`) or
+//! multi-step, passes two generic points:
+//!
+//! | failpoint | where |
+//! |---|---|
+//! | `after=started` | key claimed (not committed), endpoint not yet run; `pause` here holds the key in flight, `error` answers 500 |
+//! | `after=finished` | final response committed, not yet sent; `crash` here is a crash after commit |
+//!
+//! The names `POST /v1/payments` passes besides (the generic driver supplies
+//! the recovery-point ones for any multi-step endpoint):
 //!
 //! | failpoint | where |
 //! |---|---|
@@ -60,6 +73,10 @@ pub const PAYMENT_FAILPOINTS: [&str; 8] = [
     "after=finished",
 ];
 
+/// The generic point every idempotent endpoint passes once its key is
+/// claimed and before the endpoint runs (`RecoveryPoint::STARTED`).
+pub const STARTED: &str = "started";
+
 /// What an armed failpoint does when reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -67,6 +84,9 @@ pub enum Action {
     Crash,
     /// Stall until released (or the bound passes).
     Pause,
+    /// Answer a retryable 500 instead of running the endpoint
+    /// (`error-after=started` only).
+    Error,
 }
 
 /// Whether a failpoint sits just before or just after its named step.
@@ -104,8 +124,9 @@ pub fn parse(value: &str) -> Result<Vec<Failpoint>> {
     for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let bad = || {
             Error::Validation(format!(
-                "Idem-Failpoint item {item:?}: expected ACTION-POSITION=NAME with ACTION crash or \
-                 pause and POSITION before or after, e.g. crash-after=charge_created"
+                "Idem-Failpoint item {item:?}: expected ACTION-POSITION=NAME with ACTION crash, \
+                 pause or error and POSITION before or after, e.g. crash-after=charge_created \
+                 (error only as error-after=started)"
             ))
         };
         let (head, name) = item.split_once('=').ok_or_else(bad)?;
@@ -113,6 +134,7 @@ pub fn parse(value: &str) -> Result<Vec<Failpoint>> {
         let action = match action {
             "crash" => Action::Crash,
             "pause" => Action::Pause,
+            "error" => Action::Error,
             _ => return Err(bad()),
         };
         let position = match position {
@@ -120,7 +142,9 @@ pub fn parse(value: &str) -> Result<Vec<Failpoint>> {
             "after" => Position::After,
             _ => return Err(bad()),
         };
-        if name.is_empty() {
+        if name.is_empty()
+            || (action == Action::Error && (position, name) != (Position::After, STARTED))
+        {
             return Err(bad());
         }
         out.push(Failpoint {
@@ -165,8 +189,15 @@ impl Failpoints {
                     std::process::abort();
                 }
                 Action::Pause => self.pause(&label).await,
+                // Answered by the caller through `injects_error`.
+                Action::Error => {}
             }
         }
+    }
+
+    /// Whether `armed` asks for an injected 500 (`error-after=started`).
+    pub fn injects_error(armed: &[Failpoint]) -> bool {
+        armed.iter().any(|f| f.action == Action::Error)
     }
 
     async fn pause(&self, label: &str) {
@@ -209,7 +240,9 @@ mod tests {
 
     #[test]
     fn header_values_parse_and_typos_are_refused() {
-        let fps = parse("crash-after=charge_created, pause-before=charge-call").expect("parse");
+        let fps =
+            parse("crash-after=charge_created, pause-before=charge-call, error-after=started")
+                .expect("parse");
         assert_eq!(
             fps,
             vec![
@@ -223,14 +256,23 @@ mod tests {
                     position: Position::Before,
                     name: "charge-call".into()
                 },
+                Failpoint {
+                    action: Action::Error,
+                    position: Position::After,
+                    name: STARTED.into()
+                },
             ]
         );
+        assert!(Failpoints::injects_error(&fps));
+        assert!(!Failpoints::injects_error(&fps[..2]));
         for bad in [
             "crash=x",
             "explode-after=x",
             "crash-during=x",
             "crash-after=",
             "x",
+            "error-before=started",
+            "error-after=charge_created",
         ] {
             assert!(parse(bad).is_err(), "{bad:?} should be refused");
         }

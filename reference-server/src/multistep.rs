@@ -104,7 +104,7 @@ use sha2::{Digest, Sha256};
 use crate::clock::Millis;
 use crate::engine::{Engine, Pending, RegistryGuard, stored_response};
 use crate::error::{Error, Result, current_profile};
-use crate::failpoint::Position;
+use crate::failpoint::{Failpoints, Position};
 use crate::store::phases::AbandonedKey;
 use crate::store::{Claimed, DbTx, KeyStore, Store};
 
@@ -381,6 +381,17 @@ impl<M: MultiStep> Driven<M> {
         // Whether anything of this request is committed: if not, a failure
         // rolls back the claim itself and the key is absent again.
         let mut committed = tx.is_none();
+        if !committed {
+            self.failpoint(engine, req, Position::After, crate::failpoint::STARTED)
+                .await;
+            if Failpoints::injects_error(&req.failpoints) {
+                let response = crate::engine::injected_error();
+                return self
+                    .finish(engine, req, generation, committed, tx, &point, response)
+                    .await
+                    .map(Some);
+            }
+        }
         for _ in 0..MAX_PHASES {
             let mut phase = Phase {
                 engine,
@@ -478,7 +489,8 @@ impl<M: MultiStep> Driven<M> {
             }
         };
         let status = parts.status.as_u16();
-        if status >= 500 {
+        // FLAW(store-5xx): server errors are stored like final outcomes.
+        if status >= 500 && !engine.config().flaws.on(crate::flaws::Flaw::Store5xx) {
             self.fail(engine, req, generation, committed, tx, point)
                 .await?;
             return Ok(Response::from_parts(parts, Body::from(body)));

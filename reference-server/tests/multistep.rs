@@ -578,3 +578,107 @@ async fn a_malformed_failpoint_header_is_refused_before_the_claim() {
             .is_none()
     );
 }
+
+// clause: idem.failure.5xx-not-stored, idem.claim.transactional
+async fn an_injected_error_rolls_back_and_releases_the_key(backend: Backend) {
+    let Some(e) = env(backend, "ms_inject_err", &[]).await else {
+        return;
+    };
+    // Multi-step: the 500 comes after the claim, before phase 1 runs.
+    let body = r#"{"amount":700,"currency":"usd","description":"inj-1"}"#;
+    let r = send(
+        &e.router,
+        payment("inj-1", body, Some("error-after=started")),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{:?}", r.body);
+    assert!(
+        e.app
+            .state
+            .store
+            .lookup("alice", "inj-1")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(payment_by_key(&e.router, "inj-1").await.is_none());
+    assert_eq!(
+        e.processor.client().charges().await.unwrap().total_calls(),
+        0
+    );
+    let r2 = send(&e.router, payment("inj-1", body, None)).await;
+    assert_eq!(r2.status, StatusCode::CREATED, "{:?}", r2.body);
+    assert!(!r2.replayed(), "the 500 was not stored");
+    // The description filter is what the conformance kit's probe uses.
+    let listed = send(
+        &e.router,
+        support::get("demo-alice", "/v1/payments?description=inj-1"),
+    )
+    .await;
+    assert_eq!(listed.json()["count"], 1);
+    assert_eq!(listed.json()["payments"][0]["id"], r2.json()["id"]);
+
+    // Single-phase: the same failpoint, the same failure policy.
+    let before = support::transfer_count(&e.router, "alice").await;
+    let req = |fp: Option<&str>| {
+        let mut r = support::transfer("demo-alice", Some("inj-2"), &support::move_body("alice", 5));
+        if let Some(f) = fp {
+            r.headers_mut().insert("idem-failpoint", f.parse().unwrap());
+        }
+        r
+    };
+    let r = send(&e.router, req(Some("error-after=started"))).await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR, "{:?}", r.body);
+    assert_eq!(support::transfer_count(&e.router, "alice").await, before);
+    assert!(
+        e.app
+            .state
+            .store
+            .lookup("alice", "inj-2")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let r2 = send(&e.router, req(None)).await;
+    assert_eq!(r2.status, StatusCode::CREATED, "{:?}", r2.body);
+    assert!(!r2.replayed());
+    assert_eq!(
+        support::transfer_count(&e.router, "alice").await,
+        before + 1
+    );
+}
+both!(an_injected_error_rolls_back_and_releases_the_key);
+
+// clause: idem.inflight.conflict
+async fn a_transfer_paused_after_its_claim_is_in_flight(backend: Backend) {
+    let Some(e) = env(backend, "ms_pause_transfer", &[]).await else {
+        return;
+    };
+    let body = support::move_body("alice", 3);
+    let mut held = support::transfer("demo-alice", Some("tp-1"), &body);
+    held.headers_mut()
+        .insert("idem-failpoint", "pause-after=started".parse().unwrap());
+    let router = e.router.clone();
+    let original = tokio::spawn(async move { send(&router, held).await });
+    wait_paused(&e.router, "after=started").await;
+    let dup = send(
+        &e.router,
+        support::transfer("demo-alice", Some("tp-1"), &body),
+    )
+    .await;
+    assert_eq!(dup.status, StatusCode::CONFLICT, "{:?}", dup.body);
+    assert!(dup.header("retry-after").is_some());
+    post_hook(&e.router, "/_test/failpoints/release").await;
+    let first = tokio::time::timeout(Duration::from_secs(20), original)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+    let again = send(
+        &e.router,
+        support::transfer("demo-alice", Some("tp-1"), &body),
+    )
+    .await;
+    assert!(again.replayed());
+}
+both!(a_transfer_paused_after_its_claim_is_in_flight);

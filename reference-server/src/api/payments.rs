@@ -429,7 +429,8 @@ pub async fn create_payment(
     }
 }
 
-/// Lists the caller's payments (`?idempotency_key=K` narrows to one key).
+/// Lists the caller's payments (`?idempotency_key=K` narrows to one key,
+/// `?description=D` to one description, e.g. a conformance run's marker).
 #[utoipa::path(
     get,
     path = "/v1/payments",
@@ -442,13 +443,12 @@ pub async fn list_payments(
     caller: Caller,
     axum::extract::Query(q): axum::extract::Query<std::collections::BTreeMap<String, String>>,
 ) -> Result<Json<PaymentList>> {
-    let payments = fetch(
-        &app,
-        &caller.0,
-        q.get("idempotency_key")
-            .map(|k| ("idempotency_key", k.as_str())),
-    )
-    .await?;
+    // One filter at a time; the column names are fixed here, never taken
+    // from the query string.
+    let filter = ["idempotency_key", "description"]
+        .into_iter()
+        .find_map(|column| q.get(column).map(|v| (column, v.as_str())));
+    let payments = fetch(&app, &caller.0, filter).await?;
     Ok(Json(PaymentList {
         count: payments.len(),
         payments,
