@@ -37,6 +37,9 @@ pub async fn build(cli: &Cli) -> Result<App> {
     accounts::seed(&store, tokens.values().map(String::as_str)).await?;
     let (clock, test_clock): (Arc<dyn Clock>, Option<Arc<AdjustableClock>>) = if cli.test_hooks {
         let c = Arc::new(AdjustableClock::new());
+        if cli.test_clock_offset_secs > 0 {
+            c.advance(cli.test_clock_offset_secs);
+        }
         (c.clone(), Some(c))
     } else {
         (Arc::new(SystemClock), None)

@@ -122,6 +122,13 @@ pub struct Cli {
     #[arg(long)]
     pub test_hooks: bool,
 
+    /// Start the test clock this many seconds ahead of the wall clock (with
+    /// --test-hooks): a harness that restarts the server after moving its
+    /// clock passes the offset back, so stored leases and windows keep
+    /// their meaning across the restart.
+    #[arg(long, default_value_t = 0, requires = "test_hooks")]
+    pub test_clock_offset_secs: u64,
+
     /// Switch on a deliberate flaw (conformance-kit teeth; repeatable).
     #[cfg(feature = "flaws")]
     #[arg(long = "flaw", value_enum, value_name = "NAME")]
@@ -247,6 +254,19 @@ mod tests {
         assert_eq!(tokens.get("demo-bob").map(String::as_str), Some("bob"));
         let policy = cli.engine_config().expect("config").policy();
         assert_eq!(policy, idem_spec::Policy::default());
+    }
+
+    #[test]
+    fn a_clock_offset_needs_test_hooks() {
+        assert!(Cli::from_args(["idem-server", "--test-clock-offset-secs", "60"]).is_err());
+        let cli = Cli::from_args([
+            "idem-server",
+            "--test-hooks",
+            "--test-clock-offset-secs",
+            "60",
+        ])
+        .expect("parse");
+        assert_eq!(cli.test_clock_offset_secs, 60);
     }
 
     #[test]

@@ -128,6 +128,11 @@ pub struct Endpoint {
     /// Content-Type, Location and ETag.
     #[serde(default)]
     pub replayed_headers: Vec<String>,
+    /// How the kit counts this endpoint's side effects when it differs from
+    /// the manifest's `probe` (e.g. a second resource with its own
+    /// listing). Cases sent to this endpoint use it.
+    #[serde(default)]
+    pub probe: Option<EffectProbe>,
 }
 
 fn yes() -> bool {
@@ -258,6 +263,17 @@ pub struct FailpointHook {
     /// the lease expires); enables the deterministic in-flight case.
     #[serde(default)]
     pub pause: Option<String>,
+    /// Path (or absolute URL) the kit POSTs to release every paused
+    /// request once a case has seen what it needs; without it the kit waits
+    /// for the target to end the pause by itself.
+    #[serde(default)]
+    pub release_url: Option<String>,
+    /// Name of the endpoint (from `endpoints`) the failpoint and restart
+    /// cases send to, when the faults are injectable there rather than on
+    /// the first endpoint (e.g. a multi-step endpoint with recovery
+    /// points). Default: the first endpoint.
+    #[serde(default)]
+    pub endpoint: Option<String>,
 }
 
 /// The restart hook: a shell command the kit runs, then waits for the base
