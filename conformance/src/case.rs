@@ -39,6 +39,8 @@ pub enum Need {
     CrashRestart,
     /// `hooks.failpoint.pause`.
     Pause,
+    /// `hooks.failpoint.lease_pause` and `hooks.clock`.
+    LeasePause,
     /// `endpoints[0].rejected_body`.
     RejectedBody,
     /// `policy.in_flight = "conflict_or_wait"`.
@@ -61,6 +63,9 @@ impl Need {
                     && m.hooks.restart.is_some()
             }
             Self::Pause => fp.and_then(|f| f.pause.as_ref()).is_some(),
+            Self::LeasePause => {
+                fp.and_then(|f| f.lease_pause.as_ref()).is_some() && m.hooks.clock.is_some()
+            }
             Self::RejectedBody => m.endpoints[0].rejected_body.is_some(),
             Self::PreferWait => {
                 m.policy.in_flight == idem_spec::manifest::InFlightMode::ConflictOrWait
@@ -77,6 +82,7 @@ impl Need {
             Self::ServerError => "hooks.failpoint.server_error",
             Self::CrashRestart => "hooks.failpoint.crash_after_commit and hooks.restart",
             Self::Pause => "hooks.failpoint.pause",
+            Self::LeasePause => "hooks.failpoint.lease_pause and hooks.clock",
             Self::RejectedBody => "endpoints[0].rejected_body",
             Self::PreferWait => "policy.in_flight = \"conflict_or_wait\"",
             Self::KeyRequired => "endpoints[0].key_required = true",
@@ -119,7 +125,67 @@ impl Case {
 
     /// The first need the manifest does not declare.
     pub fn missing_need(&self, m: &Manifest) -> Option<Need> {
-        self.needs.iter().copied().find(|n| !n.declared(m))
+        self.missing_need_with(m, false)
+    }
+
+    /// Like [`missing_need`](Self::missing_need), counting an in-process
+    /// restarter (the demo's) as a declared restart hook.
+    pub fn missing_need_with(&self, m: &Manifest, restarter: bool) -> Option<Need> {
+        self.needs.iter().copied().find(|n| {
+            let restart_ok = restarter
+                && *n == Need::CrashRestart
+                && m.hooks
+                    .failpoint
+                    .as_ref()
+                    .is_some_and(|f| f.crash_after_commit.is_some());
+            !restart_ok && !n.declared(m)
+        })
+    }
+
+    /// Whether the case is a recovery case (and so goes to
+    /// `hooks.failpoint.recovery_endpoint`).
+    pub fn is_recovery(&self) -> bool {
+        self.needs
+            .iter()
+            .any(|n| matches!(n, Need::CrashRestart | Need::LeasePause))
+    }
+}
+
+/// The manifest as a case sees it: the endpoint the case is sent to moved
+/// first, and that endpoint's own probe (if it declares one) in place of
+/// the manifest's. Recovery cases go to `hooks.failpoint.recovery_endpoint`.
+pub fn focus(m: &Manifest, recovery_case: bool) -> Manifest {
+    let mut m = m.clone();
+    if recovery_case
+        && let Some(name) = m
+            .hooks
+            .failpoint
+            .as_ref()
+            .and_then(|f| f.recovery_endpoint.clone())
+        && let Some(i) = m.endpoints.iter().position(|e| e.name == name)
+    {
+        let e = m.endpoints.remove(i);
+        m.endpoints.insert(0, e);
+    }
+    if let Some(p) = m.endpoints[0].probe.clone() {
+        m.probe = p;
+    }
+    m
+}
+
+/// A future the in-process restarter returns.
+pub type RestartFut = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// Restarts the target from inside the kit, for a harness that owns the
+/// target's process (the demo). It is given how many seconds the run has
+/// moved the target's clock through the clock hook, so a restarted test
+/// clock can resume where it was.
+#[derive(Clone)]
+pub struct Restarter(pub Arc<dyn Fn(u64) -> RestartFut + Send + Sync>);
+
+impl std::fmt::Debug for Restarter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Restarter(..)")
     }
 }
 
@@ -137,7 +203,11 @@ pub struct Ctx {
     pub seed: u64,
     /// Where the run writes artifacts (counterexamples).
     pub artifacts: std::path::PathBuf,
-    counter: AtomicU64,
+    /// The in-process restarter, when the harness owns the target.
+    pub restarter: Option<Restarter>,
+    // Shared with the per-case views (`for_case`), so names never repeat.
+    counter: Arc<AtomicU64>,
+    clock_advanced: Arc<AtomicU64>,
 }
 
 impl Ctx {
@@ -149,7 +219,78 @@ impl Ctx {
             run_id,
             seed,
             artifacts: std::path::PathBuf::from("."),
-            counter: AtomicU64::new(0),
+            restarter: None,
+            counter: Arc::new(AtomicU64::new(0)),
+            clock_advanced: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// Sets the in-process restarter.
+    pub fn with_restarter(mut self, r: Option<Restarter>) -> Self {
+        self.restarter = r;
+        self
+    }
+
+    /// The view of this context a case runs with: the manifest [`focus`]ed
+    /// on the case's endpoint; the client, run id and counters shared.
+    pub fn for_case(&self, case: &Case) -> Ctx {
+        Ctx {
+            manifest: focus(&self.manifest, case.is_recovery()),
+            client: self.client.clone(),
+            run_id: self.run_id.clone(),
+            seed: self.seed,
+            artifacts: self.artifacts.clone(),
+            restarter: self.restarter.clone(),
+            counter: self.counter.clone(),
+            clock_advanced: self.clock_advanced.clone(),
+        }
+    }
+
+    /// Seconds this run has moved the target's clock so far.
+    pub fn clock_advanced_secs(&self) -> u64 {
+        self.clock_advanced.load(Ordering::SeqCst)
+    }
+
+    /// Waits (bounded by [`HOLD`] × 4) for a held request to finish,
+    /// POSTing the release URL every 200 ms meanwhile: a release sent
+    /// before the request reached its pause would be lost. `None` when it
+    /// did not finish in time.
+    pub async fn finish_held(&self, mut held: tokio::task::JoinHandle<Sent>) -> Option<Sent> {
+        let deadline = tokio::time::Instant::now() + HOLD * 4;
+        loop {
+            let _ = self.release_paused().await;
+            match tokio::time::timeout(Duration::from_millis(200), &mut held).await {
+                Ok(Ok(sent)) => return Some(sent),
+                Ok(Err(_)) => return None,
+                Err(_) if tokio::time::Instant::now() < deadline => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// POSTs the failpoint hook's `release_url`, when declared, so paused
+    /// requests finish now. `Ok(false)` when no release URL is declared.
+    pub async fn release_paused(&self) -> Result<bool, String> {
+        let Some(url) = self
+            .manifest
+            .hooks
+            .failpoint
+            .as_ref()
+            .and_then(|f| f.release_url.clone())
+        else {
+            return Ok(false);
+        };
+        let req = Request {
+            method: "POST".into(),
+            url: self.url(&url),
+            headers: self.auth(0),
+            body: None,
+            state_changing: false,
+        };
+        match self.client.send(&req).await {
+            Ok(r) if (200..300).contains(&r.status) => Ok(true),
+            Ok(r) => Err(format!("failpoint release answered {}", r.status)),
+            Err(f) => Err(format!("failpoint release: {f}")),
         }
     }
 
@@ -280,7 +421,10 @@ impl Ctx {
         .header("Content-Type", "application/json")
         .json_body(&serde_json::json!({ "advance_secs": secs }));
         match self.client.send(&req).await {
-            Ok(r) if (200..300).contains(&r.status) => Ok(()),
+            Ok(r) if (200..300).contains(&r.status) => {
+                self.clock_advanced.fetch_add(secs, Ordering::SeqCst);
+                Ok(())
+            }
             Ok(r) => Err(format!("clock hook answered {}", r.status)),
             Err(f) => Err(format!("clock hook: {f}")),
         }

@@ -19,10 +19,14 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, BufReader};
+
 use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
 
 use crate::Error;
+use crate::case::Restarter;
 
 /// Environment variable naming a prebuilt `idem-server` binary.
 pub const SERVER_BIN_ENV: &str = "IDEM_SERVER_BIN";
@@ -34,12 +38,30 @@ pub fn workspace_root() -> PathBuf {
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
+/// Environment variable naming a prebuilt `idem-fake-processor` binary.
+pub const PROCESSOR_BIN_ENV: &str = "IDEM_PROCESSOR_BIN";
+
 /// Builds (or finds fresh) the `idem-server` binary and returns its path.
 /// `features` are passed to Cargo (e.g. `["flaws"]`).
 pub fn build_server(release: bool, features: &[&str]) -> Result<PathBuf, Error> {
     if let Some(p) = std::env::var_os(SERVER_BIN_ENV) {
         return Ok(PathBuf::from(p));
     }
+    build_bin("idem-server", release, features)
+}
+
+/// Builds (or finds fresh) the `idem-fake-processor` binary, the payment
+/// processor `POST /v1/payments` calls.
+pub fn build_processor(release: bool) -> Result<PathBuf, Error> {
+    if let Some(p) = std::env::var_os(PROCESSOR_BIN_ENV) {
+        return Ok(PathBuf::from(p));
+    }
+    build_bin("idem-fake-processor", release, &[])
+}
+
+/// `cargo build -p NAME --bin NAME` in this workspace; the executable's
+/// path from Cargo's JSON messages.
+fn build_bin(name: &str, release: bool, features: &[&str]) -> Result<PathBuf, Error> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = std::process::Command::new(cargo);
     cmd.arg("build")
@@ -47,9 +69,9 @@ pub fn build_server(release: bool, features: &[&str]) -> Result<PathBuf, Error> 
         .arg(workspace_root().join("Cargo.toml"))
         .args([
             "-p",
-            "idem-server",
+            name,
             "--bin",
-            "idem-server",
+            name,
             "--message-format=json-render-diagnostics",
         ]);
     if release {
@@ -64,16 +86,112 @@ pub fn build_server(release: bool, features: &[&str]) -> Result<PathBuf, Error> 
         .map_err(|e| Error::Server(format!("could not run cargo: {e}")))?;
     if !out.status.success() {
         return Err(Error::Server(format!(
-            "`cargo build -p idem-server` failed ({}); see its output above",
+            "`cargo build -p {name}` failed ({}); see its output above",
             out.status
         )));
     }
     BufRead::lines(&out.stdout[..])
         .map_while(Result::ok)
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(&l).ok())
-        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == "idem-server")
+        .filter(|v| v["reason"] == "compiler-artifact" && v["target"]["name"] == name)
         .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-        .ok_or_else(|| Error::Server("cargo built no idem-server executable".into()))
+        .ok_or_else(|| Error::Server(format!("cargo built no {name} executable")))
+}
+
+/// Starts `bin args`, reads its stdout until a `listening on URL` line
+/// (bounded), and keeps draining stdout afterwards.
+async fn spawn_ready(bin: &Path, args: &[String]) -> Result<(Child, String, Vec<String>), Error> {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| Error::Server(format!("could not start {}: {e}", bin.display())))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| Error::Server("no stdout".into()))?;
+    let mut lines = BufReader::new(stdout).lines();
+    let mut banner = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let url = loop {
+        let line = tokio::time::timeout_at(deadline, lines.next_line())
+            .await
+            .map_err(|_| {
+                Error::Server(format!(
+                    "{}: no `listening on` line within 30 s",
+                    bin.display()
+                ))
+            })?
+            .map_err(|e| Error::Server(e.to_string()))?
+            .ok_or_else(|| {
+                Error::Server(format!(
+                    "{} exited before listening; it printed: {banner:?}",
+                    bin.display()
+                ))
+            })?;
+        banner.push(line.clone());
+        if let Some(pos) = line.find("listening on ") {
+            break line[pos + "listening on ".len()..]
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .trim_end_matches('/')
+                .to_owned();
+        }
+    };
+    // Keep draining stdout so the child never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, url, banner))
+}
+
+/// The fake payment processor as a child process on a temporary SQLite
+/// file; killed on drop, its files removed.
+#[derive(Debug)]
+pub struct Processor {
+    /// `http://127.0.0.1:PORT`.
+    pub base_url: String,
+    child: Child,
+    dir: PathBuf,
+}
+
+impl Drop for Processor {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Processor {
+    /// Starts `bin --listen 127.0.0.1:0 --db <tmp>/processor.db`.
+    pub async fn start(bin: &Path) -> Result<Self, Error> {
+        let dir = temp_dir()?;
+        let args = vec![
+            "--listen".to_owned(),
+            "127.0.0.1:0".to_owned(),
+            "--db".to_owned(),
+            dir.join("processor.db").display().to_string(),
+        ];
+        let (child, base_url, _) = spawn_ready(bin, &args).await?;
+        Ok(Self {
+            base_url,
+            child,
+            dir,
+        })
+    }
+}
+
+fn temp_dir() -> Result<PathBuf, Error> {
+    let dir = std::env::temp_dir().join(format!(
+        "idem-conformance-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    Ok(dir)
 }
 
 /// A reference server running as a child process; killed on drop, its
@@ -106,14 +224,7 @@ impl Server {
     /// --test-hooks --token <alice> --token <bob>` plus `extra` args, and
     /// waits (bounded) for its `listening on` line.
     pub async fn start(bin: &Path, extra: &[String]) -> Result<Self, Error> {
-        let dir = std::env::temp_dir().join(format!(
-            "idem-conformance-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
-        std::fs::create_dir_all(&dir).map_err(|source| Error::Io {
-            path: dir.clone(),
-            source,
-        })?;
+        let dir = temp_dir()?;
         let run = uuid::Uuid::new_v4().simple().to_string();
         let tokens = [
             ("alice".to_owned(), format!("kit-alice-{}", &run[..12])),
@@ -130,43 +241,7 @@ impl Server {
             args.extend(["--token".to_owned(), format!("{token}={caller}")]);
         }
         args.extend(extra.iter().cloned());
-        let mut child = Command::new(bin)
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| Error::Server(format!("could not start {}: {e}", bin.display())))?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| Error::Server("no stdout".into()))?;
-        let mut lines = BufReader::new(stdout).lines();
-        let mut banner = Vec::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        let base_url = loop {
-            let line = tokio::time::timeout_at(deadline, lines.next_line())
-                .await
-                .map_err(|_| Error::Server("no `listening on` line within 30 s".into()))?
-                .map_err(|e| Error::Server(e.to_string()))?
-                .ok_or_else(|| {
-                    Error::Server(format!(
-                        "server exited before listening; it printed: {banner:?}"
-                    ))
-                })?;
-            banner.push(line.clone());
-            if let Some(pos) = line.find("listening on ") {
-                let url = line[pos + "listening on ".len()..]
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or_default()
-                    .trim_end_matches('/')
-                    .to_owned();
-                break url;
-            }
-        };
-        // Keep draining stdout so the server never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let (child, base_url, banner) = spawn_ready(bin, &args).await?;
         Ok(Self {
             base_url,
             banner,
@@ -176,6 +251,108 @@ impl Server {
             child,
             dir,
         })
+    }
+
+    /// Whether the server was started with a payment processor (so
+    /// `POST /v1/payments` works).
+    pub fn has_payments(&self) -> bool {
+        self.args.iter().any(|a| a == "--processor-url")
+    }
+
+    /// Restarts the server: kills it if it still runs (a crash failpoint
+    /// usually killed it already), then starts the same binary on the same
+    /// database and port, its test clock `clock_offset_secs` ahead (what the
+    /// run moved it), and waits for it to listen.
+    pub async fn restart(&mut self, clock_offset_secs: u64) -> Result<(), Error> {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+        let addr = self
+            .base_url
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_owned();
+        let mut args = Vec::with_capacity(self.args.len() + 2);
+        let mut it = self.args.iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--listen" => {
+                    it.next();
+                    args.extend(["--listen".to_owned(), addr.clone()]);
+                }
+                "--test-clock-offset-secs" => {
+                    it.next();
+                }
+                _ => args.push(a.clone()),
+            }
+        }
+        args.extend([
+            "--test-clock-offset-secs".to_owned(),
+            clock_offset_secs.to_string(),
+        ]);
+        let (child, url, banner) = spawn_ready(&self.bin, &args).await?;
+        if url != self.base_url {
+            return Err(Error::Server(format!(
+                "restarted server listens on {url}, not {}",
+                self.base_url
+            )));
+        }
+        self.child = child;
+        self.banner = banner;
+        Ok(())
+    }
+}
+
+/// The reference server and its payment processor, as the demo and the
+/// kit's own tests run them.
+#[derive(Debug)]
+pub struct Stack {
+    /// The server (behind a lock: the restarter replaces its process).
+    pub server: Arc<Mutex<Server>>,
+    /// Its base URL (stable across restarts).
+    pub base_url: String,
+    /// The processor, dropped (killed) after the server.
+    pub processor: Processor,
+}
+
+impl Stack {
+    /// Starts the processor, then the server pointed at it with `extra`
+    /// arguments.
+    pub async fn start(
+        server_bin: &Path,
+        processor_bin: &Path,
+        extra: &[String],
+    ) -> Result<Self, Error> {
+        let processor = Processor::start(processor_bin).await?;
+        let mut args = vec!["--processor-url".to_owned(), processor.base_url.clone()];
+        args.extend(extra.iter().cloned());
+        let server = Server::start(server_bin, &args).await?;
+        Ok(Self {
+            base_url: server.base_url.clone(),
+            server: Arc::new(Mutex::new(server)),
+            processor,
+        })
+    }
+
+    /// The demo manifest for this stack.
+    pub async fn manifest(&self, profile: idem_spec::Profile) -> Result<String, Error> {
+        let server = self.server.lock().await;
+        manifest_for(&server, profile).await
+    }
+
+    /// The in-process restart the crash-recovery case uses.
+    pub fn restarter(&self) -> Restarter {
+        let server = self.server.clone();
+        Restarter(Arc::new(move |offset| {
+            let server = server.clone();
+            Box::pin(async move {
+                server
+                    .lock()
+                    .await
+                    .restart(offset)
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        }))
     }
 }
 
@@ -188,10 +365,13 @@ pub async fn run(
     out: &crate::commands::Outputs,
 ) -> Result<i32, Error> {
     let features: &[&str] = if flaw.is_some() { &["flaws"] } else { &[] };
-    eprintln!("demo: building/locating idem-server (cargo build -p idem-server)…");
-    let bin = tokio::task::spawn_blocking({
+    eprintln!("demo: building/locating idem-server and idem-fake-processor (cargo build -p …)…");
+    let (bin, processor_bin) = tokio::task::spawn_blocking({
         let features: Vec<&'static str> = features.to_vec();
-        move || build_server(!cfg!(debug_assertions), &features)
+        move || {
+            let release = !cfg!(debug_assertions);
+            Ok::<_, Error>((build_server(release, &features)?, build_processor(release)?))
+        }
     })
     .await
     .map_err(|e| Error::Server(e.to_string()))??;
@@ -200,23 +380,26 @@ pub async fn run(
         extra.extend(["--flaw".to_owned(), f.clone()]);
     }
     extra.extend(["--profile".to_owned(), profile.as_str().to_owned()]);
-    let server = Server::start(&bin, &extra).await?;
-    eprintln!("demo: reference server at {}", server.base_url);
-    let text = manifest_for(&server, profile).await?;
+    let stack = Stack::start(&bin, &processor_bin, &extra).await?;
+    eprintln!(
+        "demo: reference server at {}, payment processor at {}",
+        stack.base_url, stack.processor.base_url
+    );
+    let text = stack.manifest(profile).await?;
     let path = PathBuf::from("idem-report-demo-target.toml");
     std::fs::write(&path, &text).map_err(|source| Error::Io {
         path: path.clone(),
         source,
     })?;
     let loaded = crate::manifest::parse(&text, "idem-report-demo-target.toml")?;
-    let report = crate::runner::run(&loaded, &opts).await?;
+    let report = crate::runner::run_with(&loaded, &opts, Some(stack.restarter())).await?;
     let code = crate::commands::emit(&report, out)?;
     eprintln!(
         "demo: manifest used: {} (re-run with `run --target {}` while a server runs)",
         path.display(),
         path.display()
     );
-    drop(server);
+    drop(stack);
     Ok(code)
 }
 
@@ -257,6 +440,30 @@ async fn accounts(base_url: &str, token: &str) -> Result<(String, String), Error
     }
 }
 
+/// The multi-step endpoint, with its own probe (payments listed by
+/// description), when the server has a processor.
+const PAYMENTS: &str = r#"[[endpoints]]
+name = "create payment"
+method = "POST"
+path = "/v1/payments"
+body = { amount = "{{amount}}", currency = "usd", source = "tok_visa", description = "{{marker}}" }
+probe = { kind = "list", url = "/v1/payments?description={{marker}}", items_pointer = "/payments", match_pointer = "/description" }
+
+"#;
+
+/// Failpoints: the error and the in-flight pause on the transfer endpoint
+/// (right after the claim); the recovery cases on the multi-step endpoint:
+/// a pause between phases (a committed in-flight key whose lease can run
+/// out) and a crash after the processor charged and phase 2 committed.
+const FAILPOINTS_PAYMENTS: &str = r#"failpoint = { header = "Idem-Failpoint", server_error = "error-after=started", pause = "pause-after=started", release_url = "/_test/failpoints/release", recovery_endpoint = "create payment", lease_pause = "pause-after=payment_created", crash_after_commit = "crash-after=charge_created" }
+"#;
+
+/// Without a processor: everything on the transfer endpoint, and no lease
+/// pause: a single-phase request held in process keeps an uncommitted
+/// claim that no test-clock move can expire.
+const FAILPOINTS_TRANSFERS: &str = r#"failpoint = { header = "Idem-Failpoint", server_error = "error-after=started", pause = "pause-after=started", crash_after_commit = "crash-after=finished", release_url = "/_test/failpoints/release" }
+"#;
+
 /// Writes the manifest for a running reference server: two callers from
 /// the tokens it printed, their accounts, the transfer endpoint, the clock
 /// hook (the demo starts it with `--test-hooks`).
@@ -296,8 +503,12 @@ url = "/v1/transfers?memo={{{{marker}}}}"
 items_pointer = "/transfers"
 match_pointer = "/memo"
 
-[hooks]
+{payments}[hooks]
 clock = {{ url = "/_test/clock" }}
+{failpoint}# No restart hook: the demo restarts its own server in process (same
+# binary, database and port). `run --target` on this file, with a server you
+# started yourself, reports recovery.crash-restart unsupported unless you add
+# restart = {{ command = "..." }}.
 
 [limits]
 max_side_effects = 2000
@@ -307,6 +518,12 @@ request_timeout_ms = 10000
 property_sequences = 12
 "#,
         base = server.base_url,
-        profile = profile.as_str()
+        profile = profile.as_str(),
+        payments = if server.has_payments() { PAYMENTS } else { "" },
+        failpoint = if server.has_payments() {
+            FAILPOINTS_PAYMENTS
+        } else {
+            FAILPOINTS_TRANSFERS
+        },
     ))
 }

@@ -112,6 +112,17 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
                 .to_owned(),
         );
     }
+    if let Some(name) = m
+        .hooks
+        .failpoint
+        .as_ref()
+        .and_then(|f| f.recovery_endpoint.as_ref())
+        && !m.endpoints.iter().any(|e| &e.name == name)
+    {
+        return bad(format!(
+            "hooks.failpoint.recovery_endpoint {name:?} names no declared endpoint"
+        ));
+    }
     if let Some(c) = &m.probe_caller()
         && !m.callers.iter().any(|k| &k.name == c)
     {
@@ -206,6 +217,8 @@ pub const TEMPLATE: &str = r#"# idem-conformance target manifest.
 [target]
 name = "my-api (sandbox)"
 # Every path below is joined to this URL. Point it at a sandbox, never production.
+# As written, this file fits the reference server started with
+# `cargo run -p idem-server -- --test-hooks` (its demo tokens and accounts).
 base_url = "http://127.0.0.1:8080"
 # Where you publish your OpenAPI document (checked for x-idempotency.policy):
 # openapi_url = "/openapi.json"
@@ -222,14 +235,14 @@ base = "reference"
 # secrets: reports and curl reproductions redact them.
 [[callers]]
 name = "alice"
-headers = { Authorization = "Bearer alice-token" }
+headers = { Authorization = "Bearer demo-alice" }
 # Substituted for {{from}} / {{to}} in body templates when alice sends.
-vars = { from = "acc_alice_1", to = "acc_alice_2" }
+vars = { from = "acc_alice_main", to = "acc_alice_savings" }
 
 [[callers]]
 name = "bob"
-headers = { Authorization = "Bearer bob-token" }
-vars = { from = "acc_bob_1", to = "acc_bob_2" }
+headers = { Authorization = "Bearer demo-bob" }
+vars = { from = "acc_bob_main", to = "acc_bob_savings" }
 
 # Idempotent endpoints; the first is the one the cases exercise.
 # Templates: "{{amount}}" (whole value) = a fresh small integer,
@@ -239,11 +252,11 @@ vars = { from = "acc_bob_1", to = "acc_bob_2" }
 name = "create transfer"
 method = "POST"
 path = "/v1/transfers"
-body = { from = "{{from}}", to = "{{to}}", amount = "{{amount}}", reference = "{{marker}}" }
+body = { from = "{{from}}", to = "{{to}}", amount = "{{amount}}", memo = "{{marker}}" }
 key_required = true
 # A body you accept syntactically but refuse with a final 4xx after claiming
 # the key (enables the "4xx is final" case):
-# rejected_body = { from = "{{from}}", to = "{{to}}", amount = 999999999, reference = "{{marker}}" }
+# rejected_body = { from = "{{from}}", to = "{{to}}", amount = 1000000000000, memo = "{{marker}}" }
 # Extra response headers you replay verbatim (Content-Type, Location, ETag always are):
 replayed_headers = []
 
@@ -259,16 +272,18 @@ failure_policy = "final_unless_server_error"
 #   kind = "resource_id": distinct created ids (JSON pointer) reveal double execution
 [probe]
 kind = "list"
-url = "/v1/transfers"
+url = "/v1/transfers?memo={{marker}}"
 items_pointer = "/transfers"
-match_pointer = "/reference"
+match_pointer = "/memo"
 # caller = "alice"
 
 # Optional hooks. A case that needs an undeclared hook is reported
 # "unsupported", never "pass".
 [hooks]
 # clock = { url = "/_test/clock" }     # POST {"advance_secs": N}
-# failpoint = { header = "Idem-Failpoint", server_error = "error-after=started", crash_after_commit = "crash-after=finished", pause = "pause-after=started" }
+# failpoint = { header = "Idem-Failpoint", server_error = "error-after=started", pause = "pause-after=started", crash_after_commit = "crash-after=finished", release_url = "/_test/failpoints/release" }
+# A multi-step endpoint can take the recovery cases (crash + restart, lease takeover):
+#   recovery_endpoint = "create payment", lease_pause = "pause-after=payment_created"
 # restart = { command = "systemctl restart my-api-sandbox" }
 
 # Safety: the run stops before exceeding these.
@@ -363,7 +378,7 @@ mod tests {
         let body = expand(&m.endpoints[0].body, &m.callers[1], "run1-7", 42);
         assert_eq!(
             body,
-            serde_json::json!({"from": "acc_bob_1", "to": "acc_bob_2", "amount": 42, "reference": "run1-7"})
+            serde_json::json!({"from": "acc_bob_main", "to": "acc_bob_savings", "amount": 42, "memo": "run1-7"})
         );
     }
 }

@@ -65,6 +65,16 @@ pub fn run_id() -> String {
 
 /// Runs every planned case and returns the report.
 pub async fn run(loaded: &Loaded, opts: &Options) -> Result<Report, Error> {
+    run_with(loaded, opts, None).await
+}
+
+/// Like [`run`], with an in-process restarter for the crash-recovery case
+/// (the demo owns its server, so it restarts it without a shell command).
+pub async fn run_with(
+    loaded: &Loaded,
+    opts: &Options,
+    restarter: Option<crate::case::Restarter>,
+) -> Result<Report, Error> {
     let started = Instant::now();
     let started_unix_secs = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -74,11 +84,13 @@ pub async fn run(loaded: &Loaded, opts: &Options) -> Result<Report, Error> {
         .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
     let client = client(loaded)?;
     let ctx = Arc::new(
-        Ctx::new(loaded.manifest.clone(), client.clone(), run_id(), seed).with_artifacts(
-            opts.artifacts_dir
-                .clone()
-                .unwrap_or_else(|| std::path::PathBuf::from(".")),
-        ),
+        Ctx::new(loaded.manifest.clone(), client.clone(), run_id(), seed)
+            .with_artifacts(
+                opts.artifacts_dir
+                    .clone()
+                    .unwrap_or_else(|| std::path::PathBuf::from(".")),
+            )
+            .with_restarter(restarter),
     );
     let plan = plan(opts);
     let bar = if opts.progress {
@@ -143,8 +155,9 @@ pub async fn run(loaded: &Loaded, opts: &Options) -> Result<Report, Error> {
 /// Runs one case (or reports why it cannot run).
 pub async fn run_case(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
     let started = Instant::now();
+    let ctx = Arc::new(ctx.for_case(case));
     let mut rec = Rec::new(ctx.clone());
-    if let Some(need) = case.missing_need(&ctx.manifest) {
+    if let Some(need) = case.missing_need_with(&ctx.manifest, ctx.restarter.is_some()) {
         rec.stop(
             Verdict::Unsupported,
             format!("needs {} (not declared in the manifest)", need.describe()),

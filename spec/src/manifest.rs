@@ -268,12 +268,17 @@ pub struct FailpointHook {
     /// for the target to end the pause by itself.
     #[serde(default)]
     pub release_url: Option<String>,
-    /// Name of the endpoint (from `endpoints`) the failpoint and restart
-    /// cases send to, when the faults are injectable there rather than on
-    /// the first endpoint (e.g. a multi-step endpoint with recovery
-    /// points). Default: the first endpoint.
+    /// Value that holds a request after it committed durable progress
+    /// (e.g. between the phases of a multi-step endpoint), so its lease can
+    /// run out while it is held; enables the lease-takeover case.
     #[serde(default)]
-    pub endpoint: Option<String>,
+    pub lease_pause: Option<String>,
+    /// Name of the endpoint (from `endpoints`) the recovery cases
+    /// (`crash_after_commit` with the restart hook, `lease_pause`) send to,
+    /// e.g. a multi-step endpoint with recovery points. Default: the first
+    /// endpoint, which the other failpoint cases always use.
+    #[serde(default)]
+    pub recovery_endpoint: Option<String>,
 }
 
 /// The restart hook: a shell command the kit runs, then waits for the base

@@ -8,7 +8,7 @@ use idem_spec::headers::PREFER;
 use idem_spec::report::Verdict;
 
 use super::concurrency::{classify, round};
-use crate::case::{Case, HOLD, Need, Rec, is_error, wire_desc};
+use crate::case::{Case, Need, Rec, is_error, wire_desc};
 use crate::http::Response;
 
 /// The cases of this family.
@@ -50,93 +50,117 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
+/// How many times a held-request case starts over when its duplicate
+/// overtook the held original (the duplicate arrived first, so it was the
+/// original). Bounded; each attempt uses a fresh key.
+pub(crate) const ATTEMPTS: usize = 5;
+
 async fn conflict(rec: &mut Rec) {
     let Some((header, value)) = rec.ctx.failpoint(|f| f.pause.as_ref()) else {
         return;
     };
-    let key = rec.ctx.key();
-    let a = rec.alias(&key);
-    let marker = rec.ctx.marker();
-    let body = rec.ctx.body(0, &marker);
-    let req = rec.ctx.op(0, Some(&key), &body);
-    let held = req.clone().header(&header, &value);
-    let label = rec.next_label();
-    rec.reproduction
-        .push(format!("# {label}\n{}", rec.ctx.client.curl(&held)));
-    let client = rec.ctx.client.clone();
-    let original = tokio::spawn(async move { client.send(&held).await });
-    // Poll with duplicates until the original is visibly in flight; bounded.
-    let mut dup: Option<Response> = None;
-    for _ in 0..40 {
-        let Some(r) = rec
-            .send(
-                &format!("alice sends a duplicate with {a} while {label} is held"),
-                &req,
-            )
-            .await
-        else {
-            break;
-        };
-        let done = r.status == 409 || r.replayed() || (200..300).contains(&r.status);
-        dup = Some(r);
-        if done {
-            break;
+    for attempt in 1..=ATTEMPTS {
+        let key = rec.ctx.key();
+        let a = rec.alias(&key);
+        let marker = rec.ctx.marker();
+        let body = rec.ctx.body(0, &marker);
+        let req = rec.ctx.op(0, Some(&key), &body);
+        let held = req.clone().header(&header, &value);
+        let label = rec.next_label();
+        rec.reproduction
+            .push(format!("# {label}\n{}", rec.ctx.client.curl(&held)));
+        let client = rec.ctx.client.clone();
+        let original = tokio::spawn(async move { client.send(&held).await });
+        // Duplicates until one gets a definite answer; bounded.
+        let mut dup: Option<Response> = None;
+        for _ in 0..40 {
+            let Some(r) = rec
+                .send(
+                    &format!("alice sends a duplicate with {a} while {label} is held"),
+                    &req,
+                )
+                .await
+            else {
+                break;
+            };
+            let done = r.status == 409 || r.replayed() || (200..300).contains(&r.status);
+            dup = Some(r);
+            if done {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let first = match tokio::time::timeout(HOLD * 4, original).await {
-        Ok(Ok(sent)) => rec.record(
-            &label,
-            &format!("alice's original with {a} and {header}: {value}"),
-            sent,
-        ),
-        _ => {
+        // Seen what we need: let the held original finish now.
+        let first = match rec.ctx.finish_held(original).await {
+            Some(sent) => rec.record(
+                &label,
+                &format!("alice's original with {a} and {header}: {value}"),
+                sent,
+            ),
+            _ => {
+                rec.stop(
+                    Verdict::Inconclusive,
+                    format!("{label} did not finish in time"),
+                );
+                None
+            }
+        };
+        let Some(d) = dup else { return };
+        // The duplicate overtook the original: it executed first and the
+        // "original" was the duplicate, refused. Not a verdict; start over.
+        let overtaken = (200..300).contains(&d.status)
+            && !d.replayed()
+            && first
+                .as_ref()
+                .is_some_and(|f| f.status == 409 || f.replayed());
+        if overtaken && attempt < ATTEMPTS {
+            rec.note(format!(
+                "the duplicate reached the target before {label}, so it was the original; \
+                 starting over with a fresh key (attempt {} of {ATTEMPTS})",
+                attempt + 1
+            ));
+            continue;
+        }
+        if d.status != 409 && !(200..300).contains(&d.status) {
             rec.stop(
                 Verdict::Inconclusive,
-                format!("{label} did not finish in time"),
+                format!(
+                    "never observed the key in flight (duplicate got {})",
+                    d.summary()
+                ),
             );
-            None
         }
-    };
-    let Some(d) = dup else { return };
-    if d.status != 409 {
-        rec.stop(
-            Verdict::Inconclusive,
-            format!(
-                "never observed the key in flight (duplicate got {})",
-                d.summary()
-            ),
+        let m = rec.ctx.manifest.clone();
+        rec.check(
+            "idem.inflight.conflict",
+            is_error(&m, &d, ErrorCode::IdempotencyKeyInUse),
+            wire_desc(&m, ErrorCode::IdempotencyKeyInUse),
+            d.summary(),
         );
+        rec.check(
+            "idem.inflight.retry-after",
+            d.header("retry-after").is_some(),
+            "Retry-After present",
+            d.summary(),
+        );
+        rec.check(
+            "idem.state.three-states",
+            d.status == 409 && !d.replayed(),
+            "in flight is neither absent (execute) nor complete (replay)",
+            d.summary(),
+        );
+        let seen: Vec<&Response> = first.iter().chain(std::iter::once(&d)).collect();
+        rec.check_effects(
+            "idem.inflight.conflict",
+            0,
+            &marker,
+            &seen,
+            1,
+            "the duplicate is not executed",
+        )
+        .await;
+        return;
     }
-    let m = rec.ctx.manifest.clone();
-    rec.check(
-        "idem.inflight.conflict",
-        is_error(&m, &d, ErrorCode::IdempotencyKeyInUse),
-        wire_desc(&m, ErrorCode::IdempotencyKeyInUse),
-        d.summary(),
-    );
-    rec.check(
-        "idem.inflight.retry-after",
-        d.header("retry-after").is_some(),
-        "Retry-After present",
-        d.summary(),
-    );
-    rec.check(
-        "idem.state.three-states",
-        d.status == 409 && !d.replayed(),
-        "in flight is neither absent (execute) nor complete (replay)",
-        d.summary(),
-    );
-    let seen: Vec<&Response> = first.iter().chain(std::iter::once(&d)).collect();
-    rec.check_effects(
-        "idem.inflight.conflict",
-        0,
-        &marker,
-        &seen,
-        1,
-        "the duplicate is not executed",
-    )
-    .await;
 }
 
 async fn prefer_wait(rec: &mut Rec) {

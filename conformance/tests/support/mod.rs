@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use idem_conformance::demo::{self, Server};
+use idem_conformance::demo::{self, Stack};
 use idem_conformance::manifest::{self, Loaded};
 use idem_conformance::runner::{self, Options};
 use idem_spec::report::Report;
@@ -43,34 +43,41 @@ pub fn server_bin(features: &[&str]) -> Option<PathBuf> {
     Some(demo::build_server(false, features).expect("cargo build -p idem-server"))
 }
 
-/// Starts a server and loads the demo manifest for it.
-pub async fn start(bin: &std::path::Path, extra: &[&str]) -> (Server, Loaded) {
+/// The payment processor binary (built through Cargo like the server, or
+/// `IDEM_PROCESSOR_BIN`).
+pub fn processor_bin() -> PathBuf {
+    demo::build_processor(false).expect("cargo build -p idem-fake-processor")
+}
+
+/// Starts the processor and a server, and loads the demo manifest for them.
+pub async fn start(bin: &std::path::Path, extra: &[&str]) -> (Stack, Loaded) {
     start_declaring(bin, extra, idem_spec::Profile::Reference).await
 }
 
-/// Starts a server and loads a demo manifest declaring `profile`.
+/// Starts the processor and a server, and loads a demo manifest declaring
+/// `profile`.
 pub async fn start_declaring(
     bin: &std::path::Path,
     extra: &[&str],
     profile: idem_spec::Profile,
-) -> (Server, Loaded) {
+) -> (Stack, Loaded) {
     let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-    let server = Server::start(bin, &extra).await.expect("server starts");
-    let text = demo::manifest_for(&server, profile)
+    let stack = Stack::start(bin, &processor_bin(), &extra)
         .await
-        .expect("demo manifest");
+        .expect("server and processor start");
+    let text = stack.manifest(profile).await.expect("demo manifest");
     let loaded = manifest::parse(&text, "demo").expect("demo manifest parses");
-    (server, loaded)
+    (stack, loaded)
 }
 
-/// Runs every case with a seed.
-pub async fn run(loaded: &Loaded, seed: u64) -> Report {
-    run_only(loaded, seed, None).await
+/// Runs every case with a seed (the stack restarts in process).
+pub async fn run(stack: &Stack, loaded: &Loaded, seed: u64) -> Report {
+    run_only(stack, loaded, seed, None).await
 }
 
 /// Runs the cases matching `only` with a seed.
-pub async fn run_only(loaded: &Loaded, seed: u64, only: Option<&str>) -> Report {
-    runner::run(
+pub async fn run_only(stack: &Stack, loaded: &Loaded, seed: u64, only: Option<&str>) -> Report {
+    runner::run_with(
         loaded,
         &Options {
             seed: Some(seed),
@@ -78,6 +85,7 @@ pub async fn run_only(loaded: &Loaded, seed: u64, only: Option<&str>) -> Report 
             progress: false,
             artifacts_dir: Some(std::env::temp_dir()),
         },
+        Some(stack.restarter()),
     )
     .await
     .expect("run")
