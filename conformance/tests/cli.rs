@@ -91,3 +91,27 @@ async fn an_unreachable_target_is_a_harness_error_with_its_own_exit_code() {
     assert_eq!(r.waivers.len(), 1);
     assert_eq!(r.waivers[0].stale.as_deref(), Some("matches no case"));
 }
+
+#[test]
+fn the_books_example_manifest_and_the_init_template_both_list() {
+    let book = demo_root().join("book/src/examples/manifest.toml");
+    let plan = commands::list(&book).expect("the book's example manifest loads");
+    assert!(plan.contains("concurrency.gate"), "{plan}");
+    let p = tmp("init.toml");
+    commands::init(&p).expect("init");
+    let plan = commands::list(&p).expect("the init template loads");
+    assert!(plan.contains("failure.4xx-final"), "{plan}");
+    // The template's body fits the reference server's transfer schema
+    // (which refuses unknown fields): memo carries the marker.
+    let m = manifest::parse(manifest::TEMPLATE, "t")
+        .expect("template")
+        .manifest;
+    let body = m.endpoints[0].body.as_object().expect("object body");
+    let mut fields: Vec<&str> = body.keys().map(String::as_str).collect();
+    fields.sort_unstable();
+    assert_eq!(fields, ["amount", "from", "memo", "to"]);
+}
+
+fn demo_root() -> std::path::PathBuf {
+    idem_conformance::demo::workspace_root()
+}

@@ -157,3 +157,32 @@ async fn each_profile_passes_when_declared_and_fails_when_misdeclared() {
         support::show(&r)
     );
 }
+
+// clause: idem.concurrency.single-effect
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_init_template_runs_against_the_reference_server() {
+    let Some(bin) = support::unflawed_server_bin() else {
+        return;
+    };
+    let (stack, _) = support::start(&bin, &[]).await;
+    let tokens = stack.server.lock().await.tokens.clone();
+    let tok = |name: &str| {
+        tokens
+            .iter()
+            .find(|(c, _)| c == name)
+            .map(|(_, t)| t.clone())
+            .expect("token")
+    };
+    // Only the base URL and the tokens change: the demo server was started
+    // with its own tokens instead of the demo-alice/demo-bob defaults.
+    let text = idem_conformance::manifest::TEMPLATE
+        .replace("http://127.0.0.1:8080", &stack.base_url)
+        .replace("Bearer demo-alice", &format!("Bearer {}", tok("alice")))
+        .replace("Bearer demo-bob", &format!("Bearer {}", tok("bob")));
+    let loaded = idem_conformance::manifest::parse(&text, "init").expect("template parses");
+    for only in ["concurrency.gate", "replay.verbatim"] {
+        let r = support::run_only(&stack, &loaded, 9, Some(only)).await;
+        let c = r.cases.iter().find(|c| c.id == only).expect(only);
+        assert_eq!(c.verdict, Verdict::Pass, "{}", support::show(&r));
+    }
+}

@@ -8,7 +8,7 @@ use idem_spec::headers::PREFER;
 use idem_spec::report::Verdict;
 
 use super::concurrency::{classify, round};
-use crate::case::{Case, Need, Rec, is_error, wire_desc};
+use crate::case::{Case, HOLD, Need, Rec, is_error, wire_desc};
 use crate::http::Response;
 
 /// The cases of this family.
@@ -71,33 +71,48 @@ async fn conflict(rec: &mut Rec) {
             .push(format!("# {label}\n{}", rec.ctx.client.curl(&held)));
         let client = rec.ctx.client.clone();
         let original = tokio::spawn(async move { client.send(&held).await });
-        // Duplicates until one gets a definite answer; bounded.
-        let mut dup: Option<Response> = None;
-        for _ in 0..40 {
-            let Some(r) = rec
-                .send(
-                    &format!("alice sends a duplicate with {a} while {label} is held"),
-                    &req,
-                )
-                .await
-            else {
-                break;
-            };
-            let done = r.status == 409 || r.replayed() || (200..300).contains(&r.status);
-            dup = Some(r);
-            if done {
-                break;
+        // A head start for the held request, doubled on every attempt. Not
+        // what the verdict rests on: an overtaking duplicate is detected
+        // below and the attempt is started over (or ends inconclusive).
+        tokio::time::sleep(Duration::from_millis(10 << (attempt - 1))).await;
+        // One duplicate. A target that executes it (no in-flight state) may
+        // block it behind the held request, so it runs as its own task:
+        // when it has not answered within HOLD / 2, the held request is
+        // released first and the duplicate awaited afterwards.
+        let dlabel = rec.next_label();
+        rec.reproduction
+            .push(format!("# {dlabel}\n{}", rec.ctx.client.curl(&req)));
+        let client = rec.ctx.client.clone();
+        let dreq = req.clone();
+        let mut dup_task = tokio::spawn(async move { client.send(&dreq).await });
+        let early = tokio::time::timeout(HOLD / 2, &mut dup_task).await;
+        let what = format!("alice sends a duplicate with {a} while {label} is held");
+        let (dup, first) = match early {
+            Ok(Ok(sent)) => {
+                let dup = rec.record(&dlabel, &what, sent);
+                let first = rec.ctx.finish_held(original).await;
+                (dup, first)
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        // Seen what we need: let the held original finish now.
-        let first = match rec.ctx.finish_held(original).await {
+            _ => {
+                rec.note(format!(
+                    "{dlabel} had no answer after {} ms while {label} was held; {label} is released first",
+                    (HOLD / 2).as_millis()
+                ));
+                let first = rec.ctx.finish_held(original).await;
+                let dup = match tokio::time::timeout(HOLD * 4, dup_task).await {
+                    Ok(Ok(sent)) => rec.record(&dlabel, &what, sent),
+                    _ => None,
+                };
+                (dup, first)
+            }
+        };
+        let first = match first {
             Some(sent) => rec.record(
                 &label,
                 &format!("alice's original with {a} and {header}: {value}"),
                 sent,
             ),
-            _ => {
+            None => {
                 rec.stop(
                     Verdict::Inconclusive,
                     format!("{label} did not finish in time"),
@@ -113,7 +128,14 @@ async fn conflict(rec: &mut Rec) {
             && first
                 .as_ref()
                 .is_some_and(|f| f.status == 409 || f.replayed());
-        if overtaken && attempt < ATTEMPTS {
+        if overtaken && attempt == ATTEMPTS {
+            rec.stop(
+                Verdict::Inconclusive,
+                format!("the duplicate overtook the held request in all {ATTEMPTS} attempts"),
+            );
+            return;
+        }
+        if overtaken {
             rec.note(format!(
                 "the duplicate reached the target before {label}, so it was the original; \
                  starting over with a fresh key (attempt {} of {ATTEMPTS})",

@@ -212,6 +212,7 @@ async fn takeover(rec: &mut Rec) {
         if !in_flight {
             let _ = rec.ctx.finish_held(original).await;
             if overtaken && attempt < ATTEMPTS {
+                tokio::time::sleep(Duration::from_millis(10 << attempt)).await;
                 // The probe reached the target first and executed; the
                 // held request was the duplicate. Start over.
                 rec.note(format!(
