@@ -7,6 +7,23 @@
 //! property phase, and renders one [`idem_spec::report::Report`] to the
 //! console, JSON, JUnit XML and a self-contained HTML page.
 //!
+//! ## Failpoint and restart hooks
+//!
+//! Four cases need the target's cooperation: `failure.5xx-not-stored`
+//! (`hooks.failpoint.server_error`), `inflight.conflict`
+//! (`hooks.failpoint.pause`), `recovery.lease-takeover`
+//! (`hooks.failpoint.lease_pause` and the clock hook) and
+//! `recovery.crash-restart` (`hooks.failpoint.crash_after_commit` and a
+//! restart). The first two go to the first endpoint; the recovery cases go
+//! to `hooks.failpoint.recovery_endpoint` when it names one (a multi-step
+//! endpoint, whose committed recovery points give a lease something to
+//! expire), with that endpoint's own `probe` if it declares one
+//! ([`case::focus`]). `hooks.failpoint.release_url` lets the kit end a
+//! pause as soon as it has seen what it needs. The restart is a shell
+//! command (`hooks.restart`) for third parties; the [`demo`] owns its
+//! server, so it restarts it in process ([`case::Restarter`]: the same
+//! binary, database and port, the test clock where the run left it).
+//!
 //! ## Layout
 //!
 //! - [`manifest`]: loading, validation, templates, the `init` template.
