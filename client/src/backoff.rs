@@ -7,13 +7,19 @@
 //! two thirds of it at 190 clients) while taking far longer, and any jitter cuts both work and
 //! time well below it.
 //!
-//! Notation, shared with the simulator and the published vectors (`client/vectors/backoff.json`):
-//! `n` is the number of the attempt that just failed (1 for the first failure), `base` and `cap`
-//! are durations, and the exponential envelope is
+//! Notation, shared with the book (clause `idem.client.backoff-jitter`) and the published vectors
+//! (`client/vectors/backoff.json`): `n` is the number of retries already made, counted from 0
+//! (so `n = 0` for the sleep before the first retry), `base` and `cap` are durations, and the
+//! exponential envelope, the book's "ceiling", is
 //!
 //! ```text
 //! e(n) = min(cap, base * 2^n)
 //! ```
+//!
+//! so `base` is the first ceiling: with the defaults the ceilings run 500 ms, 1 s, 2 s, … 20 s.
+//! Brooker's simulator counts `n` from 1 on the first failure instead (its first ceiling is
+//! `2 * base`); `idem-sim` passes that count explicitly to reproduce his model, see
+//! [`crate::sim::brooker`].
 //!
 //! All arithmetic is on whole microseconds; `U[a, b)` is
 //! [`SplitMix64::uniform_u64`](crate::rng::SplitMix64::uniform_u64) and consumes exactly one
@@ -31,11 +37,12 @@ use crate::rng::SplitMix64;
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum Jitter {
-    /// Retry at once: `sleep = 0`. Only for the simulator's baseline; a real client that does
-    /// this turns every outage into a hot loop.
+    /// Retry at once: `sleep = 0`, drawing nothing. Only for the simulator's baseline; a real
+    /// client that does this turns every outage into a hot loop.
     None,
-    /// Capped exponential, no jitter: `sleep = e(n)`. Clients that failed together stay in
-    /// lock-step, which is why Brooker's experiment shows it doing the most work.
+    /// Capped exponential, no jitter: `sleep = e(n)`, drawing nothing (`base`, `2 * base`, … up
+    /// to `cap`). Clients that failed together stay in lock-step, which is why Brooker's
+    /// experiment shows it doing the most work.
     Exponential,
     /// Full jitter (the default): `sleep = U[0, e(n))`. Least total work in Brooker's experiment;
     /// mean `e(n)/2`.
@@ -44,8 +51,9 @@ pub enum Jitter {
     /// Equal jitter: `sleep = e(n)/2 + U[0, e(n)/2)` (integer halving). Never sleeps less than half
     /// the envelope, so it keeps some spacing guarantee at the price of more waiting.
     Equal,
-    /// Decorrelated jitter: `sleep(n) = min(cap, U[base, 3 * sleep(n-1)))` with `sleep(0) = base`.
-    /// Ignores `n`; the walk grows by about 1.5x per failure on average and can fall back near
+    /// Decorrelated jitter: `sleep = min(cap, U[base, 3 * previous))`, where `previous` is the
+    /// sleep before the previous retry, or `base` before the first one (Brooker's formula). Ignores
+    /// `n`; the walk grows by about 1.5x per failure on average and can fall back near
     /// `base` at any step, so it often finishes sooner than full jitter for a latency-bound caller.
     Decorrelated,
 }
@@ -101,7 +109,9 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The exponential envelope `e(n) = min(cap, base * 2^n)` (saturating, never overflows).
+    // ANCHOR: jitter
+    /// The exponential envelope (the ceiling) before retry `n + 1`, where `n` counts the retries
+    /// already made: `e(n) = min(cap, base * 2^n)`, so `e(0) = base`. Saturating, never overflows.
     pub fn envelope(&self, n: u32) -> Duration {
         let base = micros(self.base);
         let cap = micros(self.cap);
@@ -113,8 +123,9 @@ impl Backoff {
         Duration::from_micros(scaled.min(cap))
     }
 
-    /// The sleep after failed attempt `n` (1-based). `previous` is the sleep chosen after
-    /// attempt `n - 1` (or `None` before the first retry); only decorrelated jitter reads it.
+    /// The sleep before retry `n + 1`, where `n` counts the retries already made (0 before the
+    /// first retry). `previous` is the sleep before retry `n` (`None` before the first retry);
+    /// only decorrelated jitter reads it, and it ignores `n`.
     pub fn delay(&self, n: u32, previous: Option<Duration>, rng: &mut SplitMix64) -> Duration {
         let e = micros(self.envelope(n));
         let us = match self.jitter {
@@ -134,13 +145,14 @@ impl Backoff {
         };
         Duration::from_micros(us)
     }
+    // ANCHOR_END: jitter
 
-    /// The schedule of sleeps after failures `1..=count`, from a fresh generator seeded with
-    /// `seed`: what `client/vectors/backoff.json` publishes.
+    /// The sleeps before retries `1..=count` (`n = 0..count`), from a fresh generator seeded
+    /// with `seed`: what `client/vectors/backoff.json` publishes.
     pub fn schedule(&self, seed: u64, count: u32) -> Vec<Duration> {
         let mut rng = SplitMix64::new(seed);
         let mut prev = None;
-        (1..=count)
+        (0..count)
             .map(|n| {
                 let d = self.delay(n, prev, &mut rng);
                 prev = Some(d);
@@ -172,10 +184,12 @@ mod tests {
         assert_eq!(b.jitter, Jitter::Full);
         assert_eq!(b.base, Duration::from_millis(500));
         assert_eq!(b.cap, Duration::from_secs(20));
-        assert_eq!(b.envelope(1), Duration::from_secs(1));
-        assert_eq!(b.envelope(2), Duration::from_secs(2));
-        assert_eq!(b.envelope(5), Duration::from_secs(16));
-        assert_eq!(b.envelope(6), Duration::from_secs(20));
+        // `base` is the first ceiling: n counts the retries already made, from 0.
+        let ceilings: Vec<u64> = (0..8).map(|n| b.envelope(n).as_millis() as u64).collect();
+        assert_eq!(
+            ceilings,
+            [500, 1_000, 2_000, 4_000, 8_000, 16_000, 20_000, 20_000]
+        );
         assert_eq!(b.envelope(200), Duration::from_secs(20));
     }
 
@@ -183,7 +197,7 @@ mod tests {
     #[test]
     fn each_variant_stays_inside_its_formula() {
         let mut rng = SplitMix64::new(3);
-        for n in 1..12 {
+        for n in 0..12 {
             let e = backoff(Jitter::Full).envelope(n);
             assert_eq!(
                 backoff(Jitter::None).delay(n, None, &mut rng),
@@ -194,7 +208,7 @@ mod tests {
             assert!(full < e);
             let equal = backoff(Jitter::Equal).delay(n, None, &mut rng);
             assert!(equal >= e / 2 && equal < e, "{equal:?} vs {e:?}");
-            let prev = Duration::from_millis(700 * u64::from(n));
+            let prev = Duration::from_millis(700 * u64::from(n + 1));
             let dec = backoff(Jitter::Decorrelated).delay(n, Some(prev), &mut rng);
             assert!(dec >= Duration::from_millis(500));
             assert!(dec <= (prev * 3).min(Duration::from_secs(20)));
@@ -205,7 +219,7 @@ mod tests {
     fn decorrelated_starts_from_base_and_respects_the_cap() {
         let b = backoff(Jitter::Decorrelated);
         let mut rng = SplitMix64::new(11);
-        let first = b.delay(1, None, &mut rng);
+        let first = b.delay(0, None, &mut rng);
         assert!(first >= b.base && first < b.base * 3);
         let capped = b.delay(9, Some(Duration::from_secs(60)), &mut rng);
         assert!(capped <= b.cap);

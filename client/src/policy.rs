@@ -29,7 +29,7 @@ use crate::rng::SplitMix64;
 
 /// The default overall deadline of one logical operation, when the caller sets none.
 ///
-/// Long enough for three attempts with the default backoff (worst case 1 s + 2 s of sleep) and
+/// Long enough for three attempts with the default backoff (worst case 0.5 s + 1 s of sleep) and
 /// slow responses; short enough that a caller holding a user request is not stuck for minutes.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
 
@@ -409,9 +409,12 @@ impl RetryPolicy {
                 attempts: state.attempts,
             });
         }
+        // `attempts` includes the one that just failed, so `attempts - 1` retries were made
+        // before it: the book's n, counted from 0, so the first ceiling is `base`.
+        let retries_made = state.attempts.saturating_sub(1);
         let backoff = self
             .backoff
-            .delay(state.attempts, state.previous_delay, &mut state.rng);
+            .delay(retries_made, state.previous_delay, &mut state.rng);
         let remaining = self.remaining(elapsed);
         let hint = match outcome {
             Outcome::Response { retry_after, .. } => *retry_after,

@@ -245,12 +245,13 @@ fn default_schedule_for_seed_42_is_golden() {
             Decision::Done => unreachable!("503 is not a success"),
         }
     }
-    // After failure 1: U[0, 1 s); after failure 2: U[0, 2 s). Same numbers in every language.
+    // Before retry 1 (n = 0): U[0, 500 ms); before retry 2 (n = 1): U[0, 1 s). Same numbers in
+    // every language, and the same ones the book shows (370 ms, 159 ms).
     assert_eq!(
         sleeps,
         [
-            Duration::from_micros(741_564),
-            Duration::from_micros(319_820)
+            Duration::from_micros(370_782),
+            Duration::from_micros(159_910)
         ]
     );
     // ANCHOR_END: golden_schedule
@@ -273,7 +274,7 @@ fn committed_vectors_match_the_code() {
         .iter()
         .find(|s| s.jitter == Jitter::Full && s.seed == 42 && s.base_us == 500_000)
         .expect("default schedule present");
-    assert_eq!(&v.delays_us[..2], &[741_564, 319_820]);
+    assert_eq!(&v.delays_us[..2], &[370_782, 159_910]);
 
     let table = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
@@ -288,7 +289,7 @@ fn committed_vectors_match_the_code() {
 // clause: idem.client.retry-after
 #[test]
 fn retry_after_is_the_least_delay() {
-    // Full jitter after failure 1 draws below 1 s; a 5 s hint wins.
+    // Full jitter before the first retry draws below 500 ms; a 5 s hint wins.
     let d = first(get(), response(429, Some(Duration::from_secs(5)), None));
     let Decision::Retry(plan) = d else {
         panic!("expected a retry, got {d:?}")
@@ -361,25 +362,27 @@ fn deadline_arithmetic() {
 
     let mut state = RetryState::seeded(SEED);
     let out = response(503, None, None);
-    // Failure 1 at 1.0 s: sleep e(1) = 1 s, ending at 2.0 s; 3 s remain for attempt 2.
+    // Failure 1 at 1.0 s: no retry made yet, sleep e(0) = base = 500 ms, ending at 1.5 s;
+    // 3.5 s remain for attempt 2.
     let Decision::Retry(plan) = p.decide(&mut state, get(), &out, Duration::from_secs(1), None)
     else {
         panic!("first failure must be retried")
     };
-    assert_eq!(plan.delay, Duration::from_secs(1));
-    assert_eq!(plan.remaining_after_sleep, Duration::from_secs(3));
-    // Failure 2 at 2.9 s: e(2) = 2 s would end at 4.9 s < 5 s: allowed, 100 ms left.
+    assert_eq!(plan.delay, Duration::from_millis(500));
+    assert_eq!(plan.remaining_after_sleep, Duration::from_millis(3_500));
+    // Failure 2 at 3.9 s: e(1) = 1 s would end at 4.9 s < 5 s: allowed, 100 ms left.
     let Decision::Retry(plan) =
-        p.decide(&mut state, get(), &out, Duration::from_millis(2_900), None)
+        p.decide(&mut state, get(), &out, Duration::from_millis(3_900), None)
     else {
         panic!("second failure must be retried")
     };
+    assert_eq!(plan.delay, Duration::from_secs(1));
     assert_eq!(plan.remaining_after_sleep, Duration::from_millis(100));
-    // Failure 3 at 4.95 s: e(3) = 4 s would end past the deadline: the sleep is not started.
+    // Failure 3 at 4.95 s: e(2) = 2 s would end past the deadline: the sleep is not started.
     assert_eq!(
         p.decide(&mut state, get(), &out, Duration::from_millis(4_950), None),
         Decision::Stop(StopReason::DeadlineWouldPass {
-            delay: Duration::from_secs(4),
+            delay: Duration::from_secs(2),
             remaining: Duration::from_millis(50),
         })
     );

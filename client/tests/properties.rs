@@ -44,7 +44,7 @@ proptest! {
         base_ms in 1u64..2_000,
         cap_ms in 1u64..60_000,
         seed in any::<u64>(),
-        n in 1u32..80,
+        n in 0u32..80,
         prev_ms in prop::option::of(0u64..100_000),
     ) {
         let b = Backoff { base: Duration::from_millis(base_ms), cap: Duration::from_millis(cap_ms), jitter: j };

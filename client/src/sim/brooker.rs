@@ -6,7 +6,9 @@
 //! - one server holds one row with a version number (optimistic concurrency control);
 //! - N clients start at t = 0; each wants one successful write: read the version, write with
 //!   it (the write succeeds iff the version is unchanged, and bumps it), and after a failed write
-//!   increment its attempt counter `n`, sleep the backoff, and start again with a read;
+//!   increment its failure counter `n` (so `n = 1` after the first failure, as in Brooker's code,
+//!   not the SDK's count of retries made, which starts at 0), sleep the backoff, and start again
+//!   with a read;
 //! - every hop (client→server or back) takes `|Normal(10 ms, sd 2 ms)|`; the backoff sleep is
 //!   added to the hop that starts the next read;
 //! - backoff base 5 ms, cap 2000 ms; the strategies are [`Jitter`]'s variants, computed by the
@@ -184,7 +186,7 @@ pub fn run_once(config: &BrookerConfig, clients: u32, jitter: Jitter, seed: u64)
     let mut rng = SplitMix64::new(seed);
     let hop =
         |rng: &mut SplitMix64| (config.net_mean_ms + config.net_sd_ms * rng.next_normal()).abs();
-    let mut attempts = vec![0u32; clients as usize];
+    let mut failures = vec![0u32; clients as usize];
     let mut previous: Vec<Option<Duration>> = vec![None; clients as usize];
     let mut version = 0u64;
     let mut writes = 0u64;
@@ -220,8 +222,12 @@ pub fn run_once(config: &BrookerConfig, clients: u32, jitter: Jitter, seed: u64)
             }
             Kind::WriteReply(true) => {}
             Kind::WriteReply(false) => {
-                attempts[ci] += 1;
-                let sleep = backoff.delay(attempts[ci], previous[ci], &mut rng);
+                failures[ci] += 1;
+                // Deliberately not the SDK's convention. idem-client counts n from 0 (retries
+                // already made, so its first ceiling is `base`); Brooker's simulator counts the
+                // failures, so n = 1 on the first one and his first ceiling is 2 * base. Passing
+                // the failure count (= retries made + 1) reproduces his model exactly.
+                let sleep = backoff.delay(failures[ci], previous[ci], &mut rng);
                 previous[ci] = Some(sleep);
                 let t = now + hop(&mut rng) + sleep.as_secs_f64() * 1000.0;
                 queue.push(t, c, Kind::ServerRead);
