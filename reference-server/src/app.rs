@@ -76,6 +76,7 @@ pub async fn build(cli: &Cli) -> Result<App> {
 
 /// The routes. Only `POST /v1/transfers` is idempotent; reads are not.
 pub fn router(state: AppState) -> Router {
+    // ANCHOR: router
     let idempotency = IdempotencyLayer::new(state.engine.clone());
     let api = Router::new()
         // Multi-step: the endpoint drives its own key (no layer).
@@ -84,6 +85,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/transfers",
             post(transfers::create_transfer).layer(idempotency),
         )
+        // ANCHOR_END: router
         .route("/v1/transfers", get(transfers::list_transfers))
         .route("/v1/transfers/{id}", get(transfers::get_transfer))
         .route("/v1/payments", get(payments::list_payments))

@@ -139,6 +139,7 @@ struct ReceiptPayload {
     currency: String,
 }
 
+// ANCHOR: enqueuer
 /// One enqueuer pass: delivers up to [`ENQUEUER_BATCH`] committed staged
 /// jobs and returns how many it delivered.
 pub async fn enqueue_once(store: &Store, clock: &dyn Clock) -> Result<u64> {
@@ -188,6 +189,7 @@ pub async fn enqueue_once(store: &Store, clock: &dyn Clock) -> Result<u64> {
     }
     Ok(delivered)
 }
+// ANCHOR_END: enqueuer
 
 /// Runs [`enqueue_once`] every `interval` until the task is dropped.
 pub async fn run_enqueuer(store: Store, clock: Arc<dyn Clock>, interval: Duration) {

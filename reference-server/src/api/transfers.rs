@@ -129,6 +129,7 @@ const INSERT: &str = "INSERT INTO transfers \
     ),
     security(("bearer" = []))
 )]
+// ANCHOR: handler
 pub async fn create_transfer(
     State(app): State<AppState>,
     tx: IdemTx,
@@ -221,6 +222,7 @@ pub async fn create_transfer(
     }
     Ok(response)
 }
+// ANCHOR_END: handler
 
 const SELECT_TRANSFERS: &str = "SELECT id, from_account, to_account, amount, memo, created_at \
      FROM transfers WHERE owner = $1";

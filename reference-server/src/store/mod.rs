@@ -386,6 +386,7 @@ pub(crate) const LOOKUP_SQL: &str = "SELECT fingerprint, state, recovery_point, 
      created_at, replay_until, expires_at, response_status, response_headers, response_body \
      FROM idempotency_keys WHERE caller = $1 AND idem_key = $2";
 
+// ANCHOR: claim
 /// The claim: one statement, arbitrated by the primary key on
 /// (caller, idem_key). A fresh key is inserted; an existing row is taken over
 /// only when its replay window is over (a brand-new request, clause
@@ -408,6 +409,7 @@ const CLAIM_SQL: &str = "INSERT INTO idempotency_keys (caller, idem_key, fingerp
         OR (idempotency_keys.state = 'in_flight' AND idempotency_keys.recovery_point = 'started' \
             AND idempotency_keys.lease_expires_at <= excluded.created_at) \
      RETURNING generation";
+// ANCHOR_END: claim
 
 /// Completion is fenced: it only touches the row if this request's
 /// generation is still the current one (clause `idem.lease.fencing`).

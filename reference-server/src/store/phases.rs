@@ -51,6 +51,7 @@ pub struct AbandonedKey {
     pub body: Vec<u8>,
 }
 
+// ANCHOR: lease_fencing
 /// Take over an in-flight key whose lease has expired, at whatever recovery
 /// point it stopped (clause `idem.lease.takeover`): bump the generation and
 /// start a fresh lease, keeping the recovery point and the original request.
@@ -64,6 +65,7 @@ const TAKE_OVER_SQL: &str = "UPDATE idempotency_keys SET generation = generation
 const COMMIT_POINT_SQL: &str = "UPDATE idempotency_keys SET recovery_point = $4, \
      locked_at = $5, lease_expires_at = $6 \
      WHERE caller = $1 AND idem_key = $2 AND generation = $3 AND state = 'in_flight'";
+// ANCHOR_END: lease_fencing
 
 /// Unlocks the key at its last recovery point (the lease ends now), fenced.
 const RELEASE_SQL: &str = "UPDATE idempotency_keys SET locked_at = NULL, lease_expires_at = $4 \
