@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use idem_spec::clauses::{self, Level};
 use idem_spec::headers::IDEMPOTENCY_KEY;
-use idem_spec::manifest::{Caller, Endpoint, Manifest};
+use idem_spec::manifest::{Caller, EffectProbe, Endpoint, Manifest};
 use idem_spec::report::{CheckReport, Verdict};
 use serde_json::Value;
 
@@ -401,6 +401,32 @@ impl Ctx {
             seen,
         )
         .await
+    }
+
+    /// Counts the recovery endpoint's effects in the foreign system for
+    /// `marker` through `hooks.foreign_probe`; `None` when none is declared.
+    /// Caller headers go out only when the probe names a caller: the
+    /// target's credentials are not the foreign system's.
+    pub async fn foreign_effects(&self, marker: &str) -> Option<Result<u64, String>> {
+        let fp = self.manifest.hooks.foreign_probe.as_ref()?;
+        let caller = match fp {
+            EffectProbe::Count { caller, .. } | EffectProbe::List { caller, .. } => caller
+                .as_ref()
+                .and_then(|n| self.manifest.callers.iter().position(|c| &c.name == n)),
+            EffectProbe::ResourceId { .. } => None,
+        };
+        let headers = caller.map(|c| self.auth(c)).unwrap_or_default();
+        Some(
+            probe::effects(
+                fp,
+                &self.client,
+                &self.manifest.target.base_url,
+                &headers,
+                marker,
+                &[],
+            )
+            .await,
+        )
     }
 
     /// Advances the target's clock through the clock hook.

@@ -256,7 +256,13 @@ impl Server {
     /// Whether the server was started with a payment processor (so
     /// `POST /v1/payments` works).
     pub fn has_payments(&self) -> bool {
-        self.args.iter().any(|a| a == "--processor-url")
+        self.processor_url().is_some()
+    }
+
+    /// The payment processor's base URL the server was started with.
+    pub fn processor_url(&self) -> Option<&str> {
+        let i = self.args.iter().position(|a| a == "--processor-url")?;
+        self.args.get(i + 1).map(String::as_str)
     }
 
     /// Restarts the server: kills it if it still runs (a crash failpoint
@@ -441,12 +447,14 @@ async fn accounts(base_url: &str, token: &str) -> Result<(String, String), Error
 }
 
 /// The multi-step endpoint, with its own probe (payments listed by
-/// description), when the server has a processor.
+/// description), when the server has a processor. The marker is also the
+/// card source, which the server passes on to the processor's charge: that
+/// is how the foreign probe finds the charges one operation caused.
 const PAYMENTS: &str = r#"[[endpoints]]
 name = "create payment"
 method = "POST"
 path = "/v1/payments"
-body = { amount = "{{amount}}", currency = "usd", source = "tok_visa", description = "{{marker}}" }
+body = { amount = "{{amount}}", currency = "usd", source = "{{marker}}", description = "{{marker}}" }
 probe = { kind = "list", url = "/v1/payments?description={{marker}}", items_pointer = "/payments", match_pointer = "/description" }
 
 "#;
@@ -454,9 +462,18 @@ probe = { kind = "list", url = "/v1/payments?description={{marker}}", items_poin
 /// Failpoints: the error and the in-flight pause on the transfer endpoint
 /// (right after the claim); the recovery cases on the multi-step endpoint:
 /// a pause between phases (a committed in-flight key whose lease can run
-/// out) and a crash after the processor charged and phase 2 committed.
-const FAILPOINTS_PAYMENTS: &str = r#"failpoint = { header = "Idem-Failpoint", server_error = "error-after=started", pause = "pause-after=started", release_url = "/_test/failpoints/release", recovery_endpoint = "create payment", lease_pause = "pause-after=payment_created", crash_after_commit = "crash-after=charge_created" }
+/// out), a crash after the processor charged and phase 2 committed, and a
+/// crash between the processor's answer and its commit.
+const FAILPOINTS_PAYMENTS: &str = r#"failpoint = { header = "Idem-Failpoint", server_error = "error-after=started", pause = "pause-after=started", release_url = "/_test/failpoints/release", recovery_endpoint = "create payment", lease_pause = "pause-after=payment_created", crash_after_commit = "crash-after=charge_created", crash_after_foreign_call = "crash-after=charge-call" }
 "#;
+
+/// The foreign probe: the processor's charge listing, matched on the
+/// source the payment carried (the processor has no filter).
+fn foreign_probe(processor_url: &str) -> String {
+    format!(
+        "foreign_probe = {{ kind = \"list\", url = \"{processor_url}/charges\", items_pointer = \"/charges\", match_pointer = \"/source\" }}\n"
+    )
+}
 
 /// Without a processor: everything on the transfer endpoint, and no lease
 /// pause: a single-phase request held in process keeps an uncommitted
@@ -505,7 +522,7 @@ match_pointer = "/memo"
 
 {payments}[hooks]
 clock = {{ url = "/_test/clock" }}
-{failpoint}# No restart hook: the demo restarts its own server in process (same
+{failpoint}{foreign}# No restart hook: the demo restarts its own server in process (same
 # binary, database and port). `run --target` on this file, with a server you
 # started yourself, reports recovery.crash-restart unsupported unless you add
 # restart = {{ command = "..." }}.
@@ -520,6 +537,10 @@ property_sequences = 12
         base = server.base_url,
         profile = profile.as_str(),
         payments = if server.has_payments() { PAYMENTS } else { "" },
+        foreign = server
+            .processor_url()
+            .map(foreign_probe)
+            .unwrap_or_default(),
         failpoint = if server.has_payments() {
             FAILPOINTS_PAYMENTS
         } else {

@@ -128,6 +128,29 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
     {
         return bad(format!("probe.caller {c:?} names no declared caller"));
     }
+    match &m.hooks.foreign_probe {
+        // Only the resource-id probe reads the target's own answers; a
+        // foreign system has to be asked.
+        Some(idem_spec::manifest::EffectProbe::ResourceId { .. }) => {
+            return bad(
+                "hooks.foreign_probe: must be kind = \"count\" or \"list\" (a GET to the foreign system)"
+                    .to_owned(),
+            );
+        }
+        Some(
+            idem_spec::manifest::EffectProbe::Count {
+                caller: Some(c), ..
+            }
+            | idem_spec::manifest::EffectProbe::List {
+                caller: Some(c), ..
+            },
+        ) if !m.callers.iter().any(|k| &k.name == c) => {
+            return bad(format!(
+                "hooks.foreign_probe.caller {c:?} names no declared caller"
+            ));
+        }
+        _ => {}
+    }
     Ok(())
 }
 

@@ -235,6 +235,14 @@ pub struct Hooks {
     /// A command that restarts the target (crash-recovery cases).
     #[serde(default)]
     pub restart: Option<RestartHook>,
+    /// Counts, for a run-unique marker, the effects the recovery endpoint
+    /// caused in a foreign system it calls (e.g. charges at a payment
+    /// processor), read-only. With `failpoint.crash_after_foreign_call` and
+    /// a restart, the kit checks that a crash between the foreign call and
+    /// its commit leaves exactly one foreign effect after the retry. The
+    /// probe sends no caller headers unless it names a `caller`.
+    #[serde(default)]
+    pub foreign_probe: Option<EffectProbe>,
 }
 
 /// The clock hook: `POST url` with `{"advance_secs": N}`.
@@ -259,6 +267,11 @@ pub struct FailpointHook {
     /// and before the response is sent (used with the restart hook).
     #[serde(default)]
     pub crash_after_commit: Option<String>,
+    /// Value that makes the process abort after the recovery endpoint's
+    /// foreign call returned and before its result commits (used with the
+    /// restart hook and `hooks.foreign_probe`).
+    #[serde(default)]
+    pub crash_after_foreign_call: Option<String>,
     /// Value that holds the request in flight until the hook's release (or
     /// the lease expires); enables the deterministic in-flight case.
     #[serde(default)]

@@ -24,7 +24,10 @@ pub fn cases() -> Vec<Case> {
             ],
             needs: &[Need::CrashRestart],
             permitted: |_| {
-                vec!["R1: no answer (crashed); after restart R2 with the same key: 2xx (replayed or resumed); exactly one effect".into()]
+                vec![
+                    "R1: no answer (crashed); after restart R2 with the same key: 2xx (replayed or resumed); exactly one effect".into(),
+                    "with hooks.foreign_probe: R3 crashes between the foreign call and its commit; after restart its retry: 2xx and exactly one foreign effect".into(),
+                ]
             },
             run: |r| Box::pin(crash_restart(r)),
         },
@@ -45,6 +48,83 @@ async fn crash_restart(rec: &mut Rec) {
     let Some((header, value)) = rec.ctx.failpoint(|f| f.crash_after_commit.as_ref()) else {
         return;
     };
+    let Some((r2, marker)) = crash_then_retry(rec, &header, &value).await else {
+        return;
+    };
+    rec.check(
+        "idem.multistep.resume",
+        (200..300).contains(&r2.status),
+        "the committed outcome (2xx)",
+        r2.summary(),
+    );
+    rec.check_effects(
+        "idem.claim.transactional",
+        0,
+        &marker,
+        &[&r2],
+        1,
+        "a crash cannot split or repeat the operation",
+    )
+    .await;
+    if rec.stopped.is_some() {
+        return;
+    }
+    // The foreign half: only the foreign system can tell whether the
+    // resumed request called it again under a new key. Without a probe
+    // into it, the multi-step clauses stay unchecked (inconclusive).
+    let foreign = rec.ctx.failpoint(|f| f.crash_after_foreign_call.as_ref());
+    let Some((header, value)) = foreign.filter(|_| rec.ctx.manifest.hooks.foreign_probe.is_some())
+    else {
+        rec.note(
+            "no hooks.foreign_probe with failpoint.crash_after_foreign_call: the foreign system is not observed",
+        );
+        return;
+    };
+    let Some((r3, marker)) = crash_then_retry(rec, &header, &value).await else {
+        return;
+    };
+    rec.check(
+        "idem.multistep.resume",
+        (200..300).contains(&r3.status),
+        "the resumed outcome (2xx) after a crash between the foreign call and its commit",
+        r3.summary(),
+    );
+    let n = match rec.ctx.foreign_effects(&marker).await {
+        Some(Ok(n)) => n,
+        Some(Err(e)) => {
+            rec.stop(Verdict::Error, format!("foreign probe: {e}"));
+            return;
+        }
+        None => return,
+    };
+    rec.note(format!(
+        "the foreign probe counted {n} effect(s) for marker {marker:?}"
+    ));
+    if n != 1 {
+        rec.note(format!(
+            "so: the resumed request repeated (or lost) the foreign call; the foreign system holds {n} effect(s) where one is allowed"
+        ));
+    }
+    rec.check(
+        "idem.multistep.foreign-key",
+        n == 1,
+        "exactly 1 foreign effect: the repeated call reuses the derived key",
+        format!("{n} foreign effect(s)"),
+    );
+    rec.check(
+        "idem.multistep.phases",
+        n == 1 && (200..300).contains(&r3.status),
+        "the retry resumes from the committed phase: 2xx and exactly 1 foreign effect",
+        format!("{}; {n} foreign effect(s)", r3.summary()),
+    );
+}
+
+/// Sends a fresh operation to the recovery endpoint with the crash
+/// failpoint `header: value`, restarts the target, and retries with the
+/// same key (past the crashed request's lease when a clock hook allows).
+/// Returns the retry's answer and the operation's marker; `None` when the
+/// case stopped or no restart is available.
+async fn crash_then_retry(rec: &mut Rec, header: &str, value: &str) -> Option<(Response, String)> {
     let restarter = rec.ctx.restarter.clone();
     let cmd = rec
         .ctx
@@ -54,14 +134,14 @@ async fn crash_restart(rec: &mut Rec) {
         .as_ref()
         .map(|h| h.command.clone());
     if restarter.is_none() && cmd.is_none() {
-        return;
+        return None;
     }
     let key = rec.ctx.key();
     let a = rec.alias(&key);
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(0, &marker);
     let req = rec.ctx.op(0, Some(&key), &body);
-    let crash = req.clone().header(&header, &value);
+    let crash = req.clone().header(header, value);
     let label = rec.next_label();
     rec.reproduction
         .push(format!("# {label}\n{}", rec.ctx.client.curl(&crash)));
@@ -92,56 +172,36 @@ async fn crash_restart(rec: &mut Rec) {
                 other => Err(format!("restart hook failed: {other:?}")),
             }
         }
-        (None, None) => return,
+        (None, None) => return None,
     };
     if let Err(e) = restarted {
         rec.stop(Verdict::Error, e);
-        return;
+        return None;
     }
     if !wait_ready(rec).await {
         rec.stop(
             Verdict::Error,
             "the target did not answer after the restart",
         );
-        return;
+        return None;
     }
-    let Some(mut r2) = rec.send(&format!("alice retries with {a}"), &req).await else {
-        return;
-    };
+    let mut r2 = rec.send(&format!("alice retries with {a}"), &req).await?;
     // The crashed request's lease may still run after the restart: with a
     // clock hook, move past it and retry once (bounded).
     if r2.status == 409 && rec.ctx.manifest.hooks.clock.is_some() {
         let lease = idem_spec::policy::DEFAULT_LEASE_SECS * 2;
         if let Err(e) = rec.ctx.advance_clock(lease).await {
             rec.stop(Verdict::Error, e);
-            return;
+            return None;
         }
         rec.note(format!(
             "the key is still leased to the crashed request; the target's clock is advanced by {lease} s"
         ));
-        let Some(again) = rec
+        r2 = rec
             .send(&format!("alice retries with {a} after the lease"), &req)
-            .await
-        else {
-            return;
-        };
-        r2 = again;
+            .await?;
     }
-    rec.check(
-        "idem.multistep.resume",
-        (200..300).contains(&r2.status),
-        "the committed outcome (2xx)",
-        r2.summary(),
-    );
-    rec.check_effects(
-        "idem.claim.transactional",
-        0,
-        &marker,
-        &[&r2],
-        1,
-        "a crash cannot split or repeat the operation",
-    )
-    .await;
+    Some((r2, marker))
 }
 
 async fn wait_ready(rec: &mut Rec) -> bool {
