@@ -616,25 +616,19 @@ impl KeyStore for Store {
         response: &StoredResponse,
         now: Millis,
     ) -> Result<()> {
-        let headers = headers_json(response)?;
-        let updated = with_conn!(&mut tx, c => {
-            sqlx::query(COMPLETE_SQL)
-                .bind(now)
-                .bind(i64::from(response.status))
-                .bind(&headers)
-                .bind(&response.body)
-                .bind(caller)
-                .bind(key)
-                .bind(generation)
-                .execute(&mut *c)
-                .await?
-                .rows_affected()
-        });
-        if updated != 1 {
-            tx.rollback().await?;
-            return Err(Error::Fenced);
+        // The same fenced write a multi-step request's last phase makes; the
+        // single-phase path only adds the commit.
+        match self
+            .store_final(&mut tx, caller, key, generation, response, now)
+            .await
+        {
+            Ok(()) => tx.commit().await,
+            Err(Error::Fenced) => {
+                tx.rollback().await?;
+                Err(Error::Fenced)
+            }
+            Err(e) => Err(e),
         }
-        tx.commit().await
     }
 
     async fn abandon(&self, tx: DbTx) -> Result<()> {
