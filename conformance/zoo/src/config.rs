@@ -1,0 +1,209 @@
+//! What a zoo instance speaks ([`Dialect`]) and which mistake it makes
+//! ([`Defect`]), with the names used on the command line and in test tables.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::Error;
+
+/// How one zoo instance behaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ZooConfig {
+    /// The wire spelling of errors, the replay marker and unsupported routes.
+    pub dialect: Dialect,
+    /// The one deliberate mistake, or `None` for a correct implementation.
+    pub defect: Option<Defect>,
+    /// How long the handler works before answering, so that concurrent
+    /// duplicates really overlap.
+    pub delay: Duration,
+}
+
+impl Default for ZooConfig {
+    fn default() -> Self {
+        Self {
+            dialect: Dialect::Reference,
+            defect: None,
+            delay: Duration::ZERO,
+        }
+    }
+}
+
+/// A wire dialect: the same behaviour, spelled the way a foreign library
+/// spells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Dialect {
+    /// The contract's reference profile: problem+json with `code`, 409 for
+    /// mismatch and in-use, `Idempotent-Replayed: true`.
+    Reference,
+    /// Plain JSON errors, mismatch 422, marker `Idempotency-Replayed`,
+    /// unsupported routes and methods 404.
+    PlainJson422,
+    /// Plain JSON errors, mismatch 417, no replay marker, unsupported
+    /// method 405.
+    PlainJson417,
+    /// Plain JSON errors, mismatch 400, marker `Idempotent-Replayed`,
+    /// unsupported routes and methods 501.
+    PlainJson400,
+}
+
+impl Dialect {
+    /// Every dialect, in declaration order.
+    pub const ALL: [Dialect; 4] = [
+        Self::Reference,
+        Self::PlainJson422,
+        Self::PlainJson417,
+        Self::PlainJson400,
+    ];
+
+    /// The kebab-case name used on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reference => "reference",
+            Self::PlainJson422 => "plain-json-422",
+            Self::PlainJson417 => "plain-json-417",
+            Self::PlainJson400 => "plain-json-400",
+        }
+    }
+
+    /// The status of an idempotency-key mismatch.
+    pub fn mismatch_status(self) -> u16 {
+        match self {
+            Self::Reference => 409,
+            Self::PlainJson422 => 422,
+            Self::PlainJson417 => 417,
+            Self::PlainJson400 => 400,
+        }
+    }
+
+    /// The replay marker header this dialect sends (always with the value
+    /// `true`), or `None` when it marks replays not at all.
+    pub fn replay_marker(self) -> Option<&'static str> {
+        match self {
+            Self::Reference | Self::PlainJson400 => Some(idem_spec::headers::IDEMPOTENT_REPLAYED),
+            Self::PlainJson422 => Some("Idempotency-Replayed"),
+            Self::PlainJson417 => None,
+        }
+    }
+
+    /// The status for a path the zoo does not serve.
+    pub fn unknown_route_status(self) -> u16 {
+        match self {
+            Self::PlainJson400 => 501,
+            _ => 404,
+        }
+    }
+
+    /// The status for a method a served path does not support.
+    pub fn unsupported_method_status(self) -> u16 {
+        match self {
+            Self::Reference | Self::PlainJson417 => 405,
+            Self::PlainJson422 => 404,
+            Self::PlainJson400 => 501,
+        }
+    }
+
+    /// Whether errors are problem+json documents with a `code` member.
+    pub fn is_problem_json(self) -> bool {
+        self == Self::Reference
+    }
+}
+
+/// One deliberate idempotency mistake. Each is a small, explicit alternative
+/// code path in the handler; see the crate docs for the clause each breaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Defect {
+    /// Check-then-insert with the delay in between: concurrent duplicates
+    /// all execute.
+    RaceDoubleExecution,
+    /// Keys are not scoped by caller: another caller's key replays its
+    /// response.
+    GlobalKeySpace,
+    /// No fingerprint check: a different body with a used key gets the first
+    /// response.
+    SilentMismatchReplay,
+    /// A 5xx outcome is stored and replayed.
+    ServerErrorStored,
+    /// A 4xx outcome is not stored: the retry executes again.
+    ClientErrorReexecuted,
+    /// After completion every retry is answered "in progress" (409) instead
+    /// of replayed.
+    BrokenReplayAfterCompletion,
+    /// Replays omit Location, ETag and the replay marker.
+    ReplayHeadersDropped,
+    /// The quoted (`"abc"`) and bare (`abc`) spellings are two keys.
+    QuotedKeyDistinct,
+}
+
+impl Defect {
+    /// Every defect, in declaration order.
+    pub const ALL: [Defect; 8] = [
+        Self::RaceDoubleExecution,
+        Self::GlobalKeySpace,
+        Self::SilentMismatchReplay,
+        Self::ServerErrorStored,
+        Self::ClientErrorReexecuted,
+        Self::BrokenReplayAfterCompletion,
+        Self::ReplayHeadersDropped,
+        Self::QuotedKeyDistinct,
+    ];
+
+    /// The kebab-case name used on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RaceDoubleExecution => "race-double-execution",
+            Self::GlobalKeySpace => "global-key-space",
+            Self::SilentMismatchReplay => "silent-mismatch-replay",
+            Self::ServerErrorStored => "server-error-stored",
+            Self::ClientErrorReexecuted => "client-error-reexecuted",
+            Self::BrokenReplayAfterCompletion => "broken-replay-after-completion",
+            Self::ReplayHeadersDropped => "replay-headers-dropped",
+            Self::QuotedKeyDistinct => "quoted-key-distinct",
+        }
+    }
+
+    /// The contract clause (id in `spec/generated/clauses.json`) this defect
+    /// breaks first and foremost.
+    pub fn clause(self) -> &'static str {
+        match self {
+            Self::RaceDoubleExecution => "idem.concurrency.single-effect",
+            Self::GlobalKeySpace => "idem.scope.caller",
+            Self::SilentMismatchReplay => "idem.fingerprint.mismatch",
+            Self::ServerErrorStored => "idem.failure.5xx-not-stored",
+            Self::ClientErrorReexecuted => "idem.failure.final-outcomes",
+            Self::BrokenReplayAfterCompletion => "idem.replay.verbatim",
+            Self::ReplayHeadersDropped => "idem.replay.verbatim",
+            Self::QuotedKeyDistinct => "idem.key.syntax",
+        }
+    }
+}
+
+macro_rules! name_impls {
+    ($ty:ident, $what:literal) => {
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = Error;
+
+            fn from_str(s: &str) -> Result<Self, Error> {
+                Self::ALL
+                    .into_iter()
+                    .find(|v| v.as_str() == s)
+                    .ok_or_else(|| Error::UnknownName {
+                        what: $what,
+                        name: s.to_owned(),
+                        known: Self::ALL.map(|v| v.as_str()).join(", "),
+                    })
+            }
+        }
+    };
+}
+
+name_impls!(Dialect, "dialect");
+name_impls!(Defect, "defect");

@@ -1,0 +1,128 @@
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod server;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use config::{Defect, Dialect, ZooConfig};
+pub use server::Gate;
+
+/// The one error type of `idem-zoo`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The listening socket could not be opened.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why the operating system refused.
+        source: std::io::Error,
+    },
+    /// A dialect or defect name that does not exist.
+    #[error("unknown {what} {name:?}; known: {known}")]
+    UnknownName {
+        /// `dialect` or `defect`.
+        what: &'static str,
+        /// The name given.
+        name: String,
+        /// The names that exist, comma-separated.
+        known: String,
+    },
+}
+
+/// How long [`Zoo::shutdown`] lets in-flight requests finish before it
+/// stops the server outright.
+const SHUTDOWN_LIMIT: Duration = Duration::from_secs(10);
+
+/// A running zoo server. Dropping it asks the server to stop (in-flight
+/// requests finish in the background); [`Zoo::shutdown`] also waits.
+pub struct Zoo {
+    /// `http://127.0.0.1:PORT`, without a trailing slash.
+    pub base_url: String,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Zoo {
+    /// Stops accepting requests, waits (bounded) for in-flight ones, and
+    /// returns once the server task has ended.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut task) = self.task.take()
+            && tokio::time::timeout(SHUTDOWN_LIMIT, &mut task)
+                .await
+                .is_err()
+        {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Zoo {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// The zoo's routes, for in-process use (e.g. `tower::ServiceExt::oneshot`).
+pub fn router(config: ZooConfig) -> axum::Router {
+    server::build(config, None)
+}
+
+/// The zoo's routes with a [`Gate`] that holds every handler run until the
+/// test releases it.
+pub fn router_with_gate(config: ZooConfig, gate: Gate) -> axum::Router {
+    server::build(config, Some(gate))
+}
+
+/// Starts a zoo on `127.0.0.1` with a free port.
+pub async fn spawn(config: ZooConfig) -> Result<Zoo, Error> {
+    spawn_at(config, SocketAddr::from(([127, 0, 0, 1], 0))).await
+}
+
+/// Starts a zoo on `127.0.0.1` with a free port and a [`Gate`].
+pub async fn spawn_with_gate(config: ZooConfig, gate: Gate) -> Result<Zoo, Error> {
+    serve(
+        router_with_gate(config, gate),
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+    )
+    .await
+}
+
+/// Starts a zoo listening on `addr` (port 0 picks a free one).
+pub async fn spawn_at(config: ZooConfig, addr: SocketAddr) -> Result<Zoo, Error> {
+    serve(router(config), addr).await
+}
+
+async fn serve(app: axum::Router, addr: SocketAddr) -> Result<Zoo, Error> {
+    let bind = |source| Error::Bind { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
+    let local = listener.local_addr().map_err(bind)?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = stopped.await;
+            })
+            .await;
+        if let Err(e) = served {
+            tracing::error!("zoo server on {local} failed: {e}");
+        }
+    });
+    tracing::info!("zoo listening on http://{local}");
+    Ok(Zoo {
+        base_url: format!("http://{local}"),
+        stop: Some(stop),
+        task: Some(task),
+    })
+}

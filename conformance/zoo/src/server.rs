@@ -1,0 +1,500 @@
+//! The HTTP side: the idempotent `POST /v1/orders`, its read-only probes,
+//! and each dialect's spelling of every error.
+//!
+//! Every answer (success, rejection, failure, contract error) is first built
+//! as a [`Stored`] response, so what is stored and what is replayed are the
+//! same bytes by construction.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use idem_spec::fingerprint::Fingerprint;
+use idem_spec::headers::IDEMPOTENCY_KEY;
+use idem_spec::key::IdempotencyKey;
+use idem_spec::problem::{ErrorCode, PROBLEM_CONTENT_TYPE, Problem, Profile};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::{Semaphore, watch};
+
+use crate::{Defect, Dialect, ZooConfig};
+
+/// The one idempotent endpoint.
+const ORDERS: &str = "/v1/orders";
+
+/// The longest a gated handler waits for its release before going on, so a
+/// test that forgets to release cannot hang the server.
+const GATE_LIMIT: Duration = Duration::from_secs(30);
+
+/// A test hook that holds every handler run after its claim (and after it is
+/// counted by `/_zoo/executions`) until the test releases it, so in-flight
+/// duplicates can be sent deterministically instead of racing a timer.
+#[derive(Clone)]
+pub struct Gate(Arc<GateInner>);
+
+struct GateInner {
+    entered: watch::Sender<usize>,
+    permits: Semaphore,
+}
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self(Arc::new(GateInner {
+            entered: watch::Sender::new(0),
+            permits: Semaphore::new(0),
+        }))
+    }
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Waits, at most `limit`, until `n` handler runs in total have reached
+    /// the gate. Returns whether they did.
+    pub async fn wait_entered(&self, n: usize, limit: Duration) -> bool {
+        let mut rx = self.0.entered.subscribe();
+        matches!(
+            tokio::time::timeout(limit, rx.wait_for(|v| *v >= n)).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Lets `n` held (or future) handler runs through.
+    pub fn release(&self, n: usize) {
+        self.0.permits.add_permits(n);
+    }
+
+    async fn pass(&self) {
+        self.0.entered.send_modify(|v| *v += 1);
+        match tokio::time::timeout(GATE_LIMIT, self.0.permits.acquire()).await {
+            Ok(Ok(permit)) => permit.forget(),
+            _ => tracing::warn!("zoo gate not released within {GATE_LIMIT:?}; going on"),
+        }
+    }
+}
+
+/// Builds the router; `gate` holds handler runs for tests.
+pub(crate) fn build(config: ZooConfig, gate: Option<Gate>) -> Router {
+    let shared = Arc::new(Shared {
+        config,
+        gate,
+        inner: Mutex::new(Inner::default()),
+    });
+    Router::new()
+        .route(ORDERS, get(list_orders).post(create_order))
+        .route("/v1/orders/{id}", get(show_order))
+        .route("/_zoo/executions", get(count_executions))
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(unsupported_method)
+        .with_state(shared)
+}
+
+struct Shared {
+    config: ZooConfig,
+    gate: Option<Gate>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// (caller scope, key) → record. The map key is the unique constraint:
+    /// inserting under the lock is the atomic claim.
+    keys: HashMap<(String, String), Record>,
+    /// Effects: every order created.
+    orders: Vec<Order>,
+    /// Handler runs: (marker, key), one per execution whatever its outcome.
+    executions: Vec<(String, String)>,
+    next_id: u64,
+}
+
+enum Record {
+    InFlight(Fingerprint),
+    Complete(Fingerprint, Stored),
+}
+
+#[derive(Clone)]
+struct Order {
+    id: String,
+    amount: i64,
+    marker: String,
+    caller: String,
+    key: String,
+}
+
+impl Order {
+    fn body(&self) -> Value {
+        json!({"id": self.id, "amount": self.amount, "marker": self.marker, "caller": self.caller})
+    }
+    fn etag(&self) -> String {
+        format!("\"{}-1\"", self.id)
+    }
+}
+
+/// A complete response as stored and replayed.
+#[derive(Clone)]
+struct Stored {
+    status: StatusCode,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Bytes,
+}
+
+impl Stored {
+    fn json(status: StatusCode, content_type: &'static str, body: &Value) -> Self {
+        Self {
+            status,
+            headers: vec![(header::CONTENT_TYPE, HeaderValue::from_static(content_type))],
+            body: Bytes::from(body.to_string()),
+        }
+    }
+
+    fn with_header(mut self, name: HeaderName, value: &str) -> Self {
+        if let Ok(v) = HeaderValue::from_str(value) {
+            self.headers.push((name, v));
+        }
+        self
+    }
+
+    fn into_response(self) -> Response {
+        let mut response = Response::new(Body::from(self.body));
+        *response.status_mut() = self.status;
+        for (name, value) in self.headers {
+            response.headers_mut().append(name, value);
+        }
+        response
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn has(&self, defect: Defect) -> bool {
+        self.config.defect == Some(defect)
+    }
+
+    /// The answer for a key that already has a record, or `None` when the
+    /// key is absent and the request may execute.
+    fn existing(&self, inner: &Inner, slot: &(String, String), fp: Fingerprint) -> Option<Stored> {
+        let dialect = self.config.dialect;
+        let (stored_fp, stored) = match inner.keys.get(slot)? {
+            Record::InFlight(f) => (*f, None),
+            Record::Complete(f, s) => (*f, Some(s)),
+        };
+        if stored_fp != fp && !self.has(Defect::SilentMismatchReplay) {
+            return Some(error(dialect, Kind::Mismatch));
+        }
+        match stored {
+            None => Some(error(dialect, Kind::InUse)),
+            // Defect: a completed key is reported as still running, forever.
+            Some(_) if self.has(Defect::BrokenReplayAfterCompletion) => {
+                Some(error(dialect, Kind::InUse))
+            }
+            Some(s) => Some(self.replay(s)),
+        }
+    }
+
+    fn replay(&self, stored: &Stored) -> Stored {
+        let mut out = stored.clone();
+        if self.has(Defect::ReplayHeadersDropped) {
+            out.headers
+                .retain(|(n, _)| n != header::LOCATION && n != header::ETAG);
+            return out;
+        }
+        // `HeaderName::from_bytes` lower-cases the mixed-case constant.
+        match self
+            .config
+            .dialect
+            .replay_marker()
+            .and_then(|m| HeaderName::from_bytes(m.as_bytes()).ok())
+        {
+            Some(marker) => out.with_header(marker, "true"),
+            None => out,
+        }
+    }
+
+    /// One handler run: counted, delayed, then the body decides the outcome.
+    async fn execute(&self, caller: &str, key: &str, req: &OrderRequest, delay: bool) -> Stored {
+        self.lock()
+            .executions
+            .push((req.marker.clone(), key.to_owned()));
+        if delay {
+            tokio::time::sleep(self.config.delay).await;
+        }
+        if let Some(gate) = &self.gate {
+            gate.pass().await;
+        }
+        let dialect = self.config.dialect;
+        if req.amount == 500 {
+            return error(dialect, Kind::Internal);
+        }
+        if req.amount < 0 {
+            return error(dialect, Kind::Rejected);
+        }
+        let order = {
+            let mut inner = self.lock();
+            inner.next_id += 1;
+            let order = Order {
+                id: format!("ord_{}", inner.next_id),
+                amount: req.amount,
+                marker: req.marker.clone(),
+                caller: caller.to_owned(),
+                key: key.to_owned(),
+            };
+            inner.orders.push(order.clone());
+            order
+        };
+        Stored::json(StatusCode::CREATED, "application/json", &order.body())
+            .with_header(header::LOCATION, &format!("{ORDERS}/{}", order.id))
+            .with_header(header::ETAG, &order.etag())
+    }
+
+    /// Stores a final outcome (2xx, 4xx) and releases the key after a 5xx.
+    fn finish(&self, slot: (String, String), fp: Fingerprint, outcome: &Stored) {
+        let keep = if outcome.status.is_server_error() {
+            self.has(Defect::ServerErrorStored)
+        } else if outcome.status.is_client_error() {
+            !self.has(Defect::ClientErrorReexecuted)
+        } else {
+            true
+        };
+        let mut inner = self.lock();
+        if keep {
+            inner
+                .keys
+                .insert(slot, Record::Complete(fp, outcome.clone()));
+        } else {
+            inner.keys.remove(&slot);
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct OrderRequest {
+    amount: i64,
+    #[serde(default)]
+    marker: String,
+}
+
+fn caller(headers: &HeaderMap) -> Option<&'static str> {
+    match headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim() {
+        "Bearer zoo-alice" => Some("alice"),
+        "Bearer zoo-bob" => Some("bob"),
+        _ => None,
+    }
+}
+
+async fn create_order(
+    State(s): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let dialect = s.config.dialect;
+    let Some(caller) = caller(&headers) else {
+        return error(dialect, Kind::Unauthenticated).into_response();
+    };
+    let values = headers.get_all(IDEMPOTENCY_KEY);
+    let key = match IdempotencyKey::from_header_values(values.iter().map(HeaderValue::as_bytes)) {
+        Ok(k) => k,
+        Err(idem_spec::Error::KeyMissing) => {
+            return error(dialect, Kind::KeyMissing).into_response();
+        }
+        Err(e) => return error(dialect, Kind::KeyInvalid(e.to_string())).into_response(),
+    };
+    let req: OrderRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return error(dialect, Kind::MalformedBody(e.to_string())).into_response(),
+    };
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    let target = uri.path_and_query().map_or(ORDERS, |p| p.as_str());
+    let fp = Fingerprint::compute("POST", target, content_type, &body);
+    // Defect: no caller in the slot, so one key names one record for everyone.
+    let scope = if s.has(Defect::GlobalKeySpace) {
+        String::new()
+    } else {
+        caller.to_owned()
+    };
+    // Defect: the raw header spelling, so `"abc"` and `abc` get two records.
+    let name = match values.iter().next() {
+        Some(raw) if s.has(Defect::QuotedKeyDistinct) => {
+            String::from_utf8_lossy(raw.as_bytes()).trim().to_owned()
+        }
+        _ => key.as_str().to_owned(),
+    };
+    let slot = (scope, name);
+
+    let delay_left = if s.has(Defect::RaceDoubleExecution) {
+        // Defect: check, work, then insert: the check and the claim are two
+        // steps with the handler's delay between them.
+        let seen = {
+            let inner = s.lock();
+            s.existing(&inner, &slot, fp)
+        };
+        if let Some(answer) = seen {
+            return answer.into_response();
+        }
+        tokio::time::sleep(s.config.delay).await;
+        s.lock().keys.insert(slot.clone(), Record::InFlight(fp));
+        false
+    } else {
+        let mut inner = s.lock();
+        if let Some(answer) = s.existing(&inner, &slot, fp) {
+            return answer.into_response();
+        }
+        inner.keys.insert(slot.clone(), Record::InFlight(fp));
+        true
+    };
+    let outcome = s.execute(caller, key.as_str(), &req, delay_left).await;
+    s.finish(slot, fp, &outcome);
+    outcome.into_response()
+}
+
+/// Filters for the read-only probes.
+#[derive(Deserialize)]
+struct ProbeQuery {
+    marker: Option<String>,
+    idempotency_key: Option<String>,
+}
+
+impl ProbeQuery {
+    fn matches(&self, marker: &str, key: &str) -> bool {
+        let key_wanted = self.idempotency_key.as_deref().map(|k| {
+            IdempotencyKey::parse(k).map_or_else(|_| k.to_owned(), |k| k.as_str().to_owned())
+        });
+        self.marker.as_deref().is_none_or(|m| m == marker) && key_wanted.is_none_or(|k| k == key)
+    }
+}
+
+async fn list_orders(State(s): State<Arc<Shared>>, Query(q): Query<ProbeQuery>) -> Response {
+    let items: Vec<Value> = s
+        .lock()
+        .orders
+        .iter()
+        .filter(|o| q.matches(&o.marker, &o.key))
+        .map(|o| {
+            let mut v = o.body();
+            v["idempotency_key"] = json!(o.key);
+            v
+        })
+        .collect();
+    axum::Json(json!({"count": items.len(), "items": items})).into_response()
+}
+
+async fn count_executions(State(s): State<Arc<Shared>>, Query(q): Query<ProbeQuery>) -> Response {
+    let count = s
+        .lock()
+        .executions
+        .iter()
+        .filter(|(m, k)| q.matches(m, k))
+        .count();
+    axum::Json(json!({"count": count})).into_response()
+}
+
+async fn show_order(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Response {
+    let order = s.lock().orders.iter().find(|o| o.id == id).cloned();
+    match order {
+        Some(o) => Stored::json(StatusCode::OK, "application/json", &o.body())
+            .with_header(header::ETAG, &o.etag())
+            .into_response(),
+        None => error(s.config.dialect, Kind::NotFound).into_response(),
+    }
+}
+
+async fn unknown_route(State(s): State<Arc<Shared>>) -> Response {
+    error(s.config.dialect, Kind::UnknownRoute).into_response()
+}
+
+async fn unsupported_method(State(s): State<Arc<Shared>>) -> Response {
+    error(s.config.dialect, Kind::UnsupportedMethod).into_response()
+}
+
+/// Every error the zoo answers, before its dialect spells it.
+enum Kind {
+    Unauthenticated,
+    KeyMissing,
+    KeyInvalid(String),
+    MalformedBody(String),
+    Mismatch,
+    InUse,
+    /// The body-triggered final rejection (`amount` < 0).
+    Rejected,
+    /// The body-triggered failure (`amount` == 500).
+    Internal,
+    NotFound,
+    UnknownRoute,
+    UnsupportedMethod,
+}
+
+impl Kind {
+    fn code(&self) -> ErrorCode {
+        match self {
+            Self::Unauthenticated => ErrorCode::Unauthenticated,
+            Self::KeyMissing => ErrorCode::IdempotencyKeyMissing,
+            Self::KeyInvalid(_) => ErrorCode::IdempotencyKeyInvalid,
+            Self::MalformedBody(_) => ErrorCode::MalformedBody,
+            Self::Mismatch => ErrorCode::IdempotencyKeyMismatch,
+            Self::InUse => ErrorCode::IdempotencyKeyInUse,
+            Self::Rejected => ErrorCode::ValidationFailed,
+            Self::Internal => ErrorCode::InternalError,
+            Self::NotFound | Self::UnknownRoute => ErrorCode::NotFound,
+            Self::UnsupportedMethod => ErrorCode::MethodNotAllowed,
+        }
+    }
+
+    fn detail(&self) -> String {
+        match self {
+            Self::Unauthenticated => "unauthorized".into(),
+            Self::KeyMissing => "Idempotency-Key header is required".into(),
+            Self::KeyInvalid(why) => format!("invalid Idempotency-Key: {why}"),
+            Self::MalformedBody(why) => format!("malformed body: {why}"),
+            Self::Mismatch => "Idempotency-Key reused with a different request".into(),
+            Self::InUse => "a request with this Idempotency-Key is in progress".into(),
+            Self::Rejected => "amount must not be negative".into(),
+            Self::Internal => "internal error".into(),
+            Self::NotFound => "no such order".into(),
+            Self::UnknownRoute => "no such route".into(),
+            Self::UnsupportedMethod => "method not supported".into(),
+        }
+    }
+}
+
+/// Spells an error the dialect's way.
+fn error(dialect: Dialect, kind: Kind) -> Stored {
+    let detail = kind.detail();
+    let stored = if dialect.is_problem_json() {
+        let problem = Problem::new(kind.code(), Profile::Reference, detail);
+        let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::BAD_REQUEST);
+        let body = serde_json::to_value(&problem).unwrap_or(Value::Null);
+        Stored::json(status, PROBLEM_CONTENT_TYPE, &body)
+    } else {
+        let status = match kind {
+            Kind::Unauthenticated => 401,
+            Kind::KeyMissing | Kind::KeyInvalid(_) | Kind::MalformedBody(_) => 400,
+            Kind::Mismatch => dialect.mismatch_status(),
+            Kind::InUse => 409,
+            Kind::Rejected => 422,
+            Kind::Internal => 500,
+            Kind::NotFound => 404,
+            Kind::UnknownRoute => dialect.unknown_route_status(),
+            Kind::UnsupportedMethod => dialect.unsupported_method_status(),
+        };
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+        Stored::json(status, "application/json", &json!({"error": detail}))
+    };
+    match kind {
+        Kind::InUse => stored.with_header(header::RETRY_AFTER, "1"),
+        _ => stored,
+    }
+}
