@@ -32,6 +32,10 @@ const ORDERS: &str = "/v1/orders";
 /// test that forgets to release cannot hang the server.
 const GATE_LIMIT: Duration = Duration::from_secs(30);
 
+/// The least time the `race-double-execution` defect leaves between its
+/// check and its insert, so the defect shows even with no configured delay.
+const RACE_WINDOW: Duration = Duration::from_millis(50);
+
 /// A test hook that holds every handler run after its claim (and after it is
 /// counted by `/_zoo/executions`) until the test releases it, so in-flight
 /// duplicates can be sent deterministically instead of racing a timer.
@@ -345,7 +349,7 @@ async fn create_order(
         if let Some(answer) = seen {
             return answer.into_response();
         }
-        tokio::time::sleep(s.config.delay).await;
+        tokio::time::sleep(s.config.delay.max(RACE_WINDOW)).await;
         s.lock().keys.insert(slot.clone(), Record::InFlight(fp));
         false
     } else {
