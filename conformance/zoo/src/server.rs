@@ -360,9 +360,27 @@ async fn create_order(
         inner.keys.insert(slot.clone(), Record::InFlight(fp));
         true
     };
-    let outcome = s.execute(caller, key.as_str(), &req, delay_left).await;
-    s.finish(slot, fp, &outcome);
-    outcome.into_response()
+    // The run is its own task so a client that hangs up mid-request does not
+    // cancel it: like a real server, it commits and stores its outcome, and
+    // the retry gets the replay (the lost-response case) instead of a key
+    // stuck in flight.
+    let run = {
+        let s = Arc::clone(&s);
+        let slot = slot.clone();
+        tokio::spawn(async move {
+            let outcome = s.execute(caller, key.as_str(), &req, delay_left).await;
+            s.finish(slot, fp, &outcome);
+            outcome
+        })
+    };
+    match run.await {
+        Ok(outcome) => outcome.into_response(),
+        Err(e) => {
+            tracing::error!("zoo handler run failed: {e}");
+            s.lock().keys.remove(&slot);
+            error(dialect, Kind::Internal).into_response()
+        }
+    }
 }
 
 /// Filters for the read-only probes.

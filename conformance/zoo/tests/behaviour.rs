@@ -536,3 +536,52 @@ fn the_binary_prints_its_address_first_and_serves() {
         "plain-json-417 answers an unsupported method 405"
     );
 }
+
+// clause: idem.replay.verbatim
+// clause: idem.failure.final-outcomes
+#[tokio::test]
+async fn a_client_that_hangs_up_mid_request_gets_the_stored_outcome_on_retry() {
+    let gate = Gate::new();
+    let t = Target::on(
+        idem_zoo::spawn_with_gate(ZooConfig::default(), gate.clone())
+            .await
+            .expect("zoo starts"),
+    );
+    let m = marker("hangup");
+    let abandoned = {
+        let http = t.http.clone();
+        let url = t.url("/v1/orders");
+        let body = order(7, &m).to_string();
+        tokio::spawn(async move {
+            http.post(url)
+                .header("Authorization", "Bearer zoo-alice")
+                .header("Idempotency-Key", "k-hangup")
+                .header("Content-Type", "application/json")
+                .body(body)
+                .send()
+                .await
+        })
+    };
+    assert!(gate.wait_entered(1, Duration::from_secs(10)).await);
+    // Dropping the request future closes its connection mid-request.
+    abandoned.abort();
+    assert!(
+        abandoned.await.is_err(),
+        "the client gave up before any answer"
+    );
+    gate.release(1);
+    let mut effects = 0;
+    for _ in 0..200 {
+        effects = t.effects(&m).await;
+        if effects == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(effects, 1, "the abandoned run still committed");
+    let retry = t.post("alice", Some("k-hangup"), &order(7, &m)).await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    assert_eq!(t.executions(&m).await, 1);
+    t.zoo.shutdown().await;
+}
