@@ -12,6 +12,26 @@ use tokio::task::JoinHandle;
 pub use config::{Defect, Dialect, ZooConfig};
 pub use server::Gate;
 
+/// The `amount` that makes the handler fail with 500 after its claim,
+/// committing nothing (a manifest's `server_error_body`).
+pub const SERVER_ERROR_AMOUNT: i64 = 500;
+
+/// Any `amount` below zero is refused with a final 422 after the claim,
+/// stored and replayed (a manifest's `rejected_body`); this is one such value.
+pub const REJECTED_AMOUNT: i64 = -1;
+
+/// The status of the body-triggered rejection, in every dialect.
+pub const REJECTED_STATUS: u16 = 422;
+
+/// The callers the zoo knows: (name, `Authorization` header value).
+pub const CALLERS: [(&str, &str); 2] = [("alice", "Bearer zoo-alice"), ("bob", "Bearer zoo-bob")];
+
+/// The idempotent endpoint's path.
+pub const ORDERS_PATH: &str = "/v1/orders";
+
+/// The execution-count probe's path (add `?marker=M` or `?idempotency_key=K`).
+pub const EXECUTIONS_PATH: &str = "/_zoo/executions";
+
 /// The one error type of `idem-zoo`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -23,10 +23,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
 
-use crate::{Defect, Dialect, ZooConfig};
-
-/// The one idempotent endpoint.
-const ORDERS: &str = "/v1/orders";
+use crate::{
+    CALLERS, Defect, Dialect, EXECUTIONS_PATH, ORDERS_PATH as ORDERS, SERVER_ERROR_AMOUNT,
+    ZooConfig,
+};
 
 /// The longest a gated handler waits for its release before going on, so a
 /// test that forgets to release cannot hang the server.
@@ -96,7 +96,7 @@ pub(crate) fn build(config: ZooConfig, gate: Option<Gate>) -> Router {
     Router::new()
         .route(ORDERS, get(list_orders).post(create_order))
         .route("/v1/orders/{id}", get(show_order))
-        .route("/_zoo/executions", get(count_executions))
+        .route(EXECUTIONS_PATH, get(count_executions))
         .fallback(unknown_route)
         .method_not_allowed_fallback(unsupported_method)
         .with_state(shared)
@@ -238,7 +238,7 @@ impl Shared {
             gate.pass().await;
         }
         let dialect = self.config.dialect;
-        if req.amount == 500 {
+        if req.amount == SERVER_ERROR_AMOUNT {
             return error(dialect, Kind::Internal);
         }
         if req.amount < 0 {
@@ -290,11 +290,11 @@ struct OrderRequest {
 }
 
 fn caller(headers: &HeaderMap) -> Option<&'static str> {
-    match headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim() {
-        "Bearer zoo-alice" => Some("alice"),
-        "Bearer zoo-bob" => Some("bob"),
-        _ => None,
-    }
+    let sent = headers.get(header::AUTHORIZATION)?.to_str().ok()?.trim();
+    CALLERS
+        .iter()
+        .find(|(_, token)| *token == sent)
+        .map(|(name, _)| *name)
 }
 
 async fn create_order(

@@ -6,7 +6,9 @@ mod support;
 
 use std::time::Duration;
 
-use idem_zoo::{Defect, Dialect, Gate, ZooConfig};
+use idem_zoo::{
+    Defect, Dialect, Gate, REJECTED_AMOUNT, REJECTED_STATUS, SERVER_ERROR_AMOUNT, ZooConfig,
+};
 use reqwest::Method;
 use support::{Target, assert_verbatim, marker, order};
 
@@ -163,7 +165,9 @@ async fn every_dialect_releases_the_key_after_a_5xx() {
     for dialect in Dialect::ALL {
         let t = Target::start(dialect, None, 0).await;
         let m = marker("5xx");
-        let failed = t.post("alice", Some("k-500"), &order(500, &m)).await;
+        let failed = t
+            .post("alice", Some("k-500"), &order(SERVER_ERROR_AMOUNT, &m))
+            .await;
         assert_error(
             dialect,
             &failed,
@@ -171,7 +175,9 @@ async fn every_dialect_releases_the_key_after_a_5xx() {
             "internal_error",
             "body-triggered 5xx",
         );
-        let again = t.post("alice", Some("k-500"), &order(500, &m)).await;
+        let again = t
+            .post("alice", Some("k-500"), &order(SERVER_ERROR_AMOUNT, &m))
+            .await;
         assert_eq!(again.status, 500, "{dialect}");
         assert_eq!(marker_of(dialect, &again), None, "{dialect}: not a replay");
         assert_eq!(t.executions(&m).await, 2, "{dialect}: the retry ran again");
@@ -190,7 +196,7 @@ async fn every_dialect_stores_and_replays_a_4xx() {
         assert_error(
             dialect,
             &rejected,
-            422,
+            REJECTED_STATUS,
             "validation_failed",
             "body-triggered 4xx",
         );
@@ -382,8 +388,12 @@ async fn defect_silent_mismatch_replay_answers_another_body_with_the_first_outco
 async fn defect_server_error_stored_replays_a_5xx() {
     let t = Target::start(Dialect::PlainJson417, Some(Defect::ServerErrorStored), 0).await;
     let m = marker("5xx-stored");
-    let failed = t.post("alice", Some("k-5xx"), &order(500, &m)).await;
-    let again = t.post("alice", Some("k-5xx"), &order(500, &m)).await;
+    let failed = t
+        .post("alice", Some("k-5xx"), &order(SERVER_ERROR_AMOUNT, &m))
+        .await;
+    let again = t
+        .post("alice", Some("k-5xx"), &order(SERVER_ERROR_AMOUNT, &m))
+        .await;
     assert_verbatim(&failed, &again, "5xx");
     assert_eq!(again.status, 500);
     assert_eq!(
@@ -404,8 +414,12 @@ async fn defect_client_error_reexecuted_runs_a_4xx_retry_again() {
     )
     .await;
     let m = marker("4xx-rerun");
-    let rejected = t.post("alice", Some("k-4xx"), &order(-1, &m)).await;
-    let again = t.post("alice", Some("k-4xx"), &order(-1, &m)).await;
+    let rejected = t
+        .post("alice", Some("k-4xx"), &order(REJECTED_AMOUNT, &m))
+        .await;
+    let again = t
+        .post("alice", Some("k-4xx"), &order(REJECTED_AMOUNT, &m))
+        .await;
     assert_verbatim(&rejected, &again, "4xx");
     assert_eq!(again.header("idempotency-replayed"), None);
     assert_eq!(
