@@ -599,3 +599,27 @@ async fn a_client_that_hangs_up_mid_request_gets_the_stored_outcome_on_retry() {
     assert_eq!(t.executions(&m).await, 1);
     t.zoo.shutdown().await;
 }
+
+// clause: idem.errors.distinct
+#[tokio::test]
+async fn plain_json_400_tells_its_three_400s_apart_by_the_documented_texts() {
+    let t = Target::start(Dialect::PlainJson400, None, 0).await;
+    let m = marker("texts");
+    let missing = t.post("alice", None, &order(7, &m)).await;
+    let invalid = t.post("alice", Some(&"x".repeat(300)), &order(7, &m)).await;
+    assert_eq!(
+        t.post("alice", Some("k-t"), &order(7, &m)).await.status,
+        201
+    );
+    let mismatch = t.post("alice", Some("k-t"), &order(8, &m)).await;
+    for (a, text) in [
+        (&missing, "Idempotency-Key header is required"),
+        (&invalid, "invalid Idempotency-Key: "),
+        (&mismatch, "Idempotency-Key reused with a different request"),
+    ] {
+        assert_eq!(a.status, 400);
+        let error = a.json()["error"].as_str().expect("error text").to_owned();
+        assert!(error.starts_with(text), "{error:?} starts with {text:?}");
+    }
+    t.zoo.shutdown().await;
+}
