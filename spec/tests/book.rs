@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use idem_spec::{ErrorCode, Profile, clauses};
+use idem_spec::{ErrorCode, IdempotencyKey, Profile, clauses};
 
 // ---------------------------------------------------------------------------
 // Reading the book
@@ -196,6 +196,273 @@ fn exactly_once_checker_catches_every_spelling() {
             "{EXPLAINED_OPEN} a {EXPLAINED_OPEN} b {EXPLAINED_CLOSE}"
         ))
         .is_err()
+    );
+}
+
+// ---------------------------------------------------------------------------
+// The key table agrees with the parser
+
+/// The code spans of a Markdown table cell, in order.
+fn code_spans(cell: &str) -> Vec<&str> {
+    cell.split('`').skip(1).step_by(2).collect()
+}
+
+/// Rows of the key chapter's table whose first cell is one header line
+/// (`` `Idempotency-Key: …` `` and nothing else): the header value, the
+/// key the book says it names (when shown as code), and whether the book
+/// says it is accepted.
+fn key_table_rows(text: &str) -> Vec<(String, Option<String>, bool)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line.trim().trim_matches('|').split('|').collect();
+        let [header, key, verdict] = cells.as_slice() else {
+            continue;
+        };
+        let header = header.trim();
+        let spans = code_spans(header);
+        let [only] = spans.as_slice() else {
+            continue;
+        };
+        if header != format!("`{only}`") {
+            continue;
+        }
+        let Some(value) = only.strip_prefix("Idempotency-Key:") else {
+            continue;
+        };
+        let verdict = verdict.trim();
+        let accepted = if verdict.starts_with("yes") {
+            true
+        } else if verdict.starts_with("no") {
+            false
+        } else {
+            continue;
+        };
+        let key = code_spans(key).first().map(|k| (*k).to_owned());
+        out.push((value.to_owned(), key, accepted));
+    }
+    out
+}
+
+#[test]
+fn the_key_table_agrees_with_the_spec_parser() {
+    let text = std::fs::read_to_string(book_src().join("keys.md")).expect("read keys.md");
+    let rows = key_table_rows(&text);
+    assert!(rows.len() >= 12, "only {} checkable rows", rows.len());
+    let mut problems = Vec::new();
+    for (value, key, accepted) in &rows {
+        match (IdempotencyKey::parse(value), accepted) {
+            (Ok(parsed), true) => {
+                if let Some(key) = key
+                    && parsed.as_str() != key
+                {
+                    problems.push(format!(
+                        "{value:?}: the book says key {key:?}, the parser {parsed:?}"
+                    ));
+                }
+            }
+            (Err(_), false) => {}
+            (Ok(parsed), false) => problems.push(format!(
+                "{value:?}: the book rejects it, the parser accepts {parsed:?}"
+            )),
+            (Err(e), true) => problems.push(format!(
+                "{value:?}: the book accepts it, the parser says {e}"
+            )),
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "keys.md and spec/src/key.rs disagree:\n{}",
+        problems.join("\n")
+    );
+    // The decision on commas is in the table, both ways.
+    assert!(rows.iter().any(|(v, _, ok)| v.trim() == "a,b" && *ok));
+    assert!(rows.iter().any(|(v, _, ok)| v.trim() == "a, b" && !*ok));
+}
+
+#[test]
+fn key_table_reader_takes_only_single_header_rows() {
+    let t = "| `Idempotency-Key: x` | `x` | yes |\n| `Idempotency-Key: a b` | | no: space |\n| `Idempotency-Key: A` and `a` | | yes |\n| 256 × `a` | | no |\n| `Idempotency-Key: y` | the key | maybe |\n";
+    assert_eq!(
+        key_table_rows(t),
+        vec![
+            (" x".to_owned(), Some("x".to_owned()), true),
+            (" a b".to_owned(), None, false)
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Softer single-execution promises
+
+/// Phrases that promise a single execution. Each is allowed only in a
+/// qualified sentence ([`qualified`]); the strongest one, "exactly once",
+/// is also forbidden outright by [`forbidden_claims`].
+const SOFT_CLAIMS: [&str; 5] = [
+    "runs twice",
+    "run twice",
+    "at most once",
+    "exactly one",
+    "exactly once",
+];
+
+/// A sentence is qualified when it names the scope of the promise (the key,
+/// which belongs to one caller, or the window), or when it denies or
+/// explains the impossibility (a negation).
+fn qualified(words: &[&str]) -> bool {
+    words.iter().any(|w| {
+        matches!(
+            *w,
+            "key" | "keys" | "window" | "windows" | "not" | "never" | "cannot" | "impossible"
+        ) || w.ends_with("n't")
+    })
+}
+
+/// Lower-cases, drops emphasis and code ticks, and turns hyphens, dashes and
+/// runs of whitespace into single spaces.
+fn normalize_prose(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut last_space = true;
+    for c in text.chars() {
+        let c = match c {
+            '*' | '`' | '_' => continue,
+            '-' | '\u{2010}' | '\u{2011}' | '\u{2012}' | '\u{2013}' | '\u{2014}' => ' ',
+            '\u{2019}' => '\'',
+            c if c.is_whitespace() => ' ',
+            c => c,
+        };
+        if c == ' ' {
+            if last_space {
+                continue;
+            }
+            last_space = true;
+        } else {
+            last_space = false;
+        }
+        out.extend(c.to_lowercase());
+    }
+    out
+}
+
+/// The prose of a page as sentences: fenced code is left out, paragraphs
+/// end at blank lines, each table row and list item stands alone, and a
+/// sentence ends at `.`, `!` or `?` followed by a space.
+fn sentences(text: &str) -> Vec<(usize, String)> {
+    let mut paragraphs: Vec<(usize, String)> = Vec::new();
+    let mut current: Option<(usize, String)> = None;
+    for (n, line) in prose_lines(text) {
+        let t = line.trim();
+        let starts_block = t.is_empty()
+            || t.starts_with('|')
+            || t.starts_with("- ")
+            || t.starts_with('#')
+            || t.split_once(". ")
+                .is_some_and(|(num, _)| num.parse::<u32>().is_ok());
+        if starts_block && let Some(p) = current.take() {
+            paragraphs.push(p);
+        }
+        if t.is_empty() {
+            continue;
+        }
+        match &mut current {
+            Some((_, p)) => {
+                p.push(' ');
+                p.push_str(t);
+            }
+            None => current = Some((n, t.to_owned())),
+        }
+        if t.starts_with('|') || t.starts_with('#') {
+            paragraphs.extend(current.take());
+        }
+    }
+    paragraphs.extend(current);
+    let mut out = Vec::new();
+    for (n, p) in paragraphs {
+        let p = normalize_prose(&p);
+        let mut start = 0;
+        let bytes = p.as_bytes();
+        for i in 0..bytes.len() {
+            let end = matches!(bytes[i], b'.' | b'!' | b'?')
+                && bytes.get(i + 1).is_none_or(|b| *b == b' ');
+            if end {
+                out.push((n, p[start..=i].trim().to_owned()));
+                start = i + 1;
+            }
+        }
+        if start < p.len() && !p[start..].trim().is_empty() {
+            out.push((n, p[start..].trim().to_owned()));
+        }
+    }
+    out
+}
+
+/// Every unqualified sentence that makes a soft single-execution promise,
+/// as (line of its paragraph, phrase, sentence).
+fn soft_claims(text: &str) -> Vec<(usize, &'static str, String)> {
+    let mut out = Vec::new();
+    for (n, sentence) in sentences(text) {
+        let words: Vec<&str> = sentence
+            .split(|c: char| !(c.is_alphanumeric() || c == '\''))
+            .filter(|w| !w.is_empty())
+            .collect();
+        let joined = format!(" {} ", words.join(" "));
+        let Some(phrase) = SOFT_CLAIMS
+            .iter()
+            .find(|p| joined.contains(&format!(" {p} ")))
+        else {
+            continue;
+        };
+        if !qualified(&words) {
+            out.push((n, *phrase, sentence));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_book_scopes_every_single_execution_promise() {
+    let mut problems = Vec::new();
+    for (page, text) in book_pages() {
+        let rest = strip_explained(&text).expect("markers balance (checked above)");
+        for (line, phrase, sentence) in soft_claims(&rest) {
+            problems.push(format!("{page}:{line}: \"{phrase}\" in: {sentence}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "a promise of a single execution must say its scope (name the key or the window) or be \
+         a negation; say \"effect\", not \"execution\", where that is what is meant:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn soft_claim_checker_flags_unscoped_promises_only() {
+    for bad in [
+        "A repeat of a running one is told to wait; nothing runs twice.",
+        "The server runs the operation at most once.",
+        "the server MUST execute *exactly one*; every other answer is a 409.",
+        "Retries are harmless:\nthe handler\nruns twice at worst.",
+        "| Burst | exactly one executes |",
+        "- exactly one of them runs",
+        "Done. It runs at most-once! Really.",
+    ] {
+        assert_eq!(soft_claims(bad).len(), 1, "missed: {bad:?}");
+    }
+    for fine in [
+        "Per key, within the replay window, it takes effect at most once.",
+        "With a unique constraint on `(caller, key)` the database picks exactly one winner.",
+        "No protocol makes a request run exactly once: it cannot be done.",
+        "It is not true that nothing runs twice.",
+        "The client sends at least once.",
+        "Each gets exactly two retries.",
+        "```text\nnothing runs twice\n```",
+    ] {
+        assert!(soft_claims(fine).is_empty(), "false alarm: {fine:?}");
+    }
+    // The scope must be in the same sentence, not the one before it.
+    assert_eq!(
+        soft_claims("Keys are scoped to a caller. The server runs it at most once.").len(),
+        1
     );
 }
 

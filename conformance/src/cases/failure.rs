@@ -35,6 +35,18 @@ pub fn cases() -> Vec<Case> {
             },
             run: |r| Box::pin(not_stored_5xx(r)),
         },
+        Case {
+            id: "failure.before-claim",
+            title: "a body refused for its size is refused before the claim: the key stays free",
+            clauses: &["idem.failure.before-claim"],
+            needs: &[],
+            permitted: |_| {
+                vec![format!(
+                    "R1 (declaring Content-Length: {DECLARED_LENGTH}): 413 (or 408/429); R2 (same key, the plain body): a fresh 2xx, not a replay and not a mismatch, one effect"
+                )]
+            },
+            run: |r| Box::pin(before_claim(r)),
+        },
     ]
 }
 
@@ -136,6 +148,146 @@ async fn not_stored_5xx(rec: &mut Rec) {
         &[&r1, &r2],
         1,
         "only the retry executed",
+    )
+    .await;
+}
+
+/// The `Content-Length` R1 declares: far over any reasonable body limit.
+const DECLARED_LENGTH: usize = 64 << 20;
+
+/// Sends `req` over a plain TCP connection with a `Content-Length` of
+/// [`DECLARED_LENGTH`] but only the first bytes of its body, and returns
+/// the status the target answers with. A server that refuses by declared
+/// length answers at once; one that waits for the body does not, and the
+/// read times out. Plain HTTP only: an `https` target makes the case
+/// inconclusive. (An HTTP client library cannot be used here: when the
+/// server answers before reading a large body and closes the connection,
+/// the client loses the answer in a transport error.)
+async fn send_declared_oversize(req: &crate::http::Request) -> Result<u16, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let url = reqwest::Url::parse(&req.url).map_err(|e| format!("bad URL: {e}"))?;
+    if url.scheme() != "http" {
+        return Err(format!(
+            "needs a plain http:// target, not {}",
+            url.scheme()
+        ));
+    }
+    let host = url.host_str().ok_or("URL without a host")?.to_owned();
+    let port = url.port_or_known_default().ok_or("URL without a port")?;
+    let mut target = url.path().to_owned();
+    if let Some(q) = url.query() {
+        target.push('?');
+        target.push_str(q);
+    }
+    let mut head = format!(
+        "{} {target} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\nContent-Length: {DECLARED_LENGTH}\r\n",
+        req.method
+    )
+    .into_bytes();
+    for (name, value) in &req.headers {
+        if name.eq_ignore_ascii_case("content-length") || name.eq_ignore_ascii_case("host") {
+            continue;
+        }
+        head.extend_from_slice(name.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(value);
+        head.extend_from_slice(b"\r\n");
+    }
+    head.extend_from_slice(b"\r\n");
+    // A first slice of the body: whitespace, as a JSON body may start with.
+    head.extend_from_slice(&[b' '; 1024]);
+    let bound = std::time::Duration::from_secs(10);
+    let io = async {
+        let mut sock = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        sock.write_all(&head)
+            .await
+            .map_err(|e| format!("write: {e}"))?;
+        let mut buf = Vec::with_capacity(256);
+        let mut chunk = [0u8; 256];
+        // Bounded: at most 16 reads of the status line.
+        for _ in 0..16 {
+            if buf.windows(2).any(|w| w == b"\r\n") {
+                break;
+            }
+            let n = sock
+                .read(&mut chunk)
+                .await
+                .map_err(|e| format!("read: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        let line = String::from_utf8_lossy(&buf);
+        line.split(' ')
+            .nth(1)
+            .and_then(|c| c.parse::<u16>().ok())
+            .ok_or_else(|| format!("no status line in {:?}", line.lines().next().unwrap_or("")))
+    };
+    match tokio::time::timeout(bound, io).await {
+        Ok(r) => r,
+        Err(_) => Err(format!(
+            "no answer within {} s: the target waits for the declared body",
+            bound.as_secs()
+        )),
+    }
+}
+
+async fn before_claim(rec: &mut Rec) {
+    let key = rec.ctx.key();
+    let a = rec.alias(&key);
+    let marker = rec.ctx.marker();
+    let body = rec.ctx.body(0, &marker);
+    let req = rec.ctx.op(0, Some(&key), &body);
+    let label = rec.next_label();
+    let status = match send_declared_oversize(&req).await {
+        Ok(s) => s,
+        Err(e) => {
+            rec.note(format!(
+                "{label}: alice sends with {a} a request declaring Content-Length: {DECLARED_LENGTH} → {e}"
+            ));
+            rec.stop(
+                Verdict::Inconclusive,
+                format!("no early refusal to check: {e}"),
+            );
+            return;
+        }
+    };
+    rec.note(format!(
+        "{label}: alice sends with {a} a request declaring Content-Length: {DECLARED_LENGTH} (only its first 1024 bytes sent) → {status}"
+    ));
+    if !matches!(status, 408 | 413 | 429) {
+        rec.stop(
+            Verdict::Inconclusive,
+            format!(
+                "the oversized request was not refused with 408, 413 or 429 (got {status}), so there is no early answer to check"
+            ),
+        );
+        return;
+    }
+    let Some(r2) = rec
+        .send(&format!("alice sends the plain body with {a}"), &req)
+        .await
+    else {
+        return;
+    };
+    rec.check(
+        "idem.failure.before-claim",
+        (200..300).contains(&r2.status) && !r2.replayed(),
+        format!(
+            "a fresh execution: the {status} was decided before the claim and the key stayed free"
+        ),
+        r2.summary(),
+    );
+    rec.check_effects(
+        "idem.failure.before-claim",
+        0,
+        &marker,
+        &[&r2],
+        1,
+        "only the plain attempt executed",
     )
     .await;
 }
