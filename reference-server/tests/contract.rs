@@ -10,15 +10,6 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use support::*;
 
-macro_rules! db {
-    ($b:expr, $name:expr) => {
-        match TestDb::new($b, $name).await {
-            Some(db) => db,
-            None => return,
-        }
-    };
-}
-
 // clause: idem.errors.problem-json, idem.failure.unclaimed
 async fn unauthenticated_is_401_and_consumes_nothing(b: Backend) {
     let db = db!(b, "unauth");

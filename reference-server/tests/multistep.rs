@@ -18,7 +18,7 @@ use idem_server::app::App;
 use idem_server::config::Cli;
 use idem_server::store::KeyStore;
 use idem_spec::KeyState;
-use support::{Backend, Resp, TestDb, advance, send};
+use support::{Backend, Resp, TestDb, advance, both, send};
 
 const BODY: &str = r#"{"amount":1250,"currency":"usd","source":"tok_visa"}"#;
 

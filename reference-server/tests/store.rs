@@ -9,7 +9,7 @@ use idem_server::store::{
 };
 use idem_server::with_pool;
 use idem_spec::KeyState;
-use support::{Backend, TestDb};
+use support::{Backend, TestDb, both, db};
 
 const HOUR: i64 = 3_600_000;
 
@@ -43,15 +43,6 @@ fn response() -> StoredResponse {
         ],
         body: br#"{"id":1}"#.to_vec(),
     }
-}
-
-macro_rules! db {
-    ($b:expr, $name:expr) => {
-        match TestDb::new($b, $name).await {
-            Some(db) => db,
-            None => return,
-        }
-    };
 }
 
 fn claimed<T>(o: ClaimOutcome<T>) -> idem_server::store::Claimed<T> {
