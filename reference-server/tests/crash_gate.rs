@@ -24,7 +24,7 @@ mod support;
 use std::time::Duration;
 
 use idem_fake_processor::ProcessorClient;
-use idem_server::failpoint::PAYMENT_FAILPOINTS;
+use idem_server::api::payments::PAYMENT_FAILPOINTS;
 use idem_test_support::{ChildServer, TempDir, cargo_bin};
 use support::{Backend, TestDb, both};
 

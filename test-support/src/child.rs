@@ -20,7 +20,7 @@ use tokio::process::{Child, Command};
 /// The start of the line a server prints once it accepts connections.
 pub const READY_PREFIX: &str = "listening on ";
 
-/// How long [`ChildServer::start`] waits for the ready line by default.
+/// How long [`Spawn::start`] waits for the ready line by default.
 /// Generous, because CI machines share few cores between many builds.
 pub const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -5,11 +5,11 @@
 //! production build (a test on `cargo metadata` in `idem-server` checks
 //! that).
 //!
-//! - [`db`]: [`TestDb`], a throwaway SQLite file or PostgreSQL schema per
+//! - [`mod@db`]: [`TestDb`], a throwaway SQLite file or PostgreSQL schema per
 //!   test, removed on drop; [`db!`] skips a PostgreSQL test loudly when
 //!   `IDEM_TEST_DATABASE_URL` is unset; [`both!`] runs one test body on both
 //!   backends.
-//! - [`child`]: [`ChildServer`], a server binary started as a child process
+//! - [`mod@child`]: [`ChildServer`], a server binary started as a child process
 //!   on `127.0.0.1:0` that announces `listening on http://ADDR` on its first
 //!   stdout lines; killed on drop, restartable on the same port.
 //! - [`cargo_bin`]: builds (or finds fresh) another package's binary from a

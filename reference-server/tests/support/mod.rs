@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Request, StatusCode};
-use axum::routing::post;
+use axum_idempotency::{Caller, IdempotencyKey, KeyId, Store, with_conn};
+use idem_server::api::auth::Principal;
 use idem_server::app::App;
 use idem_server::config::Cli;
-use idem_server::{IdempotencyLayer, with_conn};
 use tokio::sync::{Semaphore, mpsc};
 use tower::ServiceExt;
 
@@ -180,8 +180,8 @@ impl GateHandle {
 
 async fn gated(
     axum::extract::State(gate): axum::extract::State<Gate>,
-    tx: idem_server::IdemTx,
-    caller: idem_server::Caller,
+    tx: axum_idempotency::IdemTx<Store>,
+    caller: Principal,
 ) -> Result<(StatusCode, HeaderMap, String), idem_server::Error> {
     let n = gate.executions.fetch_add(1, Ordering::SeqCst) + 1;
     if gate.writes.load(Ordering::SeqCst) {
@@ -217,14 +217,10 @@ pub fn with_gate(app: &App) -> (Router, GateHandle) {
         status: Arc::new(std::sync::Mutex::new(201)),
         writes: Arc::new(std::sync::atomic::AtomicBool::new(true)),
     };
-    let layer = IdempotencyLayer::new(app.state.engine.clone()).replay_header("x-execution");
-    let gated_routes = Router::new()
-        .route("/gated", post(gated).layer(layer))
-        .route_layer(axum::middleware::from_fn_with_state(
-            app.state.clone(),
-            idem_server::api::auth::require_bearer,
-        ))
-        .with_state(gate.clone());
+    // The same wiring as the app's own idempotent routes (flaws included).
+    let route = idem_server::app::idempotent(&app.state, gated, gate.clone(), &["x-execution"]);
+    let gated_routes: Router =
+        idem_server::app::with_auth(Router::new().route("/gated", route), &app.state);
     let profile = app.state.profile;
     let router = app
         .router
@@ -245,4 +241,9 @@ pub fn gated_req(token: &str, key: &str, body: &str) -> Request<Body> {
         .header("content-type", "application/json")
         .body(Body::from(body.to_owned()))
         .unwrap()
+}
+
+/// The record identity of `key` sent by `caller`.
+pub fn kid(caller: &str, key: &str) -> KeyId {
+    KeyId::new(Caller::new(caller), IdempotencyKey::parse(key).unwrap())
 }
