@@ -1,5 +1,6 @@
 //! The one error type of `idem-client`.
 
+#[cfg(feature = "sim")]
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -64,6 +65,7 @@ pub enum Error {
         source: idem_spec::Error,
     },
     /// Reading or writing a simulator artifact failed.
+    #[cfg(feature = "sim")]
     #[error("{path}: {source}")]
     Io {
         /// The file.
@@ -73,6 +75,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// Drawing a plot failed.
+    #[cfg(feature = "sim")]
     #[error("plotting {what}: {message}")]
     Plot {
         /// Which plot.
@@ -81,6 +84,21 @@ pub enum Error {
         message: String,
     },
     /// A simulator configuration is unusable.
+    #[cfg(feature = "sim")]
     #[error("invalid simulator configuration: {0}")]
     Config(String),
+}
+
+impl Error {
+    /// The idempotency key of the operation that failed, when it had one. Store it with the
+    /// operation: retrying later with the same key is safe for as long as the server's replay
+    /// window lasts, even when this error leaves the outcome unknown.
+    pub fn key(&self) -> Option<&IdempotencyKey> {
+        match self {
+            Error::RetryAfterPastDeadline { key, .. }
+            | Error::GaveUp { key, .. }
+            | Error::DeadlineExceeded { key, .. } => key.as_ref(),
+            _ => None,
+        }
+    }
 }

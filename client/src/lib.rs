@@ -16,7 +16,8 @@
 //! - [`middleware`]: [`RetryMiddleware`], the mechanism, for `reqwest_middleware`.
 //! - [`rng`]: the tiny specified generator that makes schedules reproducible in any language.
 //! - [`vectors`]: the golden delay schedules published in `client/vectors/backoff.json`.
-//! - [`sim`]: the fleet simulator behind the `idem-sim` binary and the book's plots.
+//! - `sim` (feature `sim`, off by default): the fleet simulator behind the `idem-sim` binary and
+//!   the book's plots.
 //!
 //! ## One line for a reqwest user
 //!
@@ -48,6 +49,7 @@ pub mod key;
 pub mod middleware;
 pub mod policy;
 pub mod rng;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod vectors;
 
@@ -55,6 +57,9 @@ pub use backoff::{Backoff, Jitter};
 pub use budget::{BudgetConfig, RetryBudget, RetryClass, TokenBucket};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::Error;
+/// The key type, re-exported so a caller can store, parse and pass keys without depending on
+/// `idem-spec` itself.
+pub use idem_spec::IdempotencyKey;
 pub use key::{derive_key, mint_key};
 pub use middleware::{Deadline, HookVerdict, RetryEvent, RetryMiddleware, RetryReport};
 pub use policy::{

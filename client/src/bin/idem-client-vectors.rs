@@ -1,11 +1,13 @@
 //! Writes the golden backoff schedules to `client/vectors/backoff.json` and the book's worked
 //! schedule to `book/src/sim/backoff-schedule.md`.
+//!
+//! No `anyhow` here: this binary ships without the `sim` feature, and an I/O error with its path
+//! is all it can report.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
-use anyhow::Context;
-
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     for (rel, text) in [
         (
@@ -18,8 +20,11 @@ fn main() -> anyhow::Result<()> {
         ),
     ] {
         let path = root.join(rel);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("idem-client-vectors: writing {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
         println!("wrote {rel}");
     }
-    Ok(())
+    ExitCode::SUCCESS
 }
