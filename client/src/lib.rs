@@ -42,6 +42,7 @@
 //! per-attempt timeout that restarts on every retry lets a "5 s timeout" take 20 s.
 
 pub mod backoff;
+mod body;
 pub mod budget;
 pub mod clock;
 mod error;
@@ -54,14 +55,18 @@ pub mod sim;
 pub mod vectors;
 
 pub use backoff::{Backoff, Jitter};
-pub use budget::{BudgetConfig, RetryBudget, RetryClass, TokenBucket};
+pub use budget::{
+    BudgetConfig, OriginBudgets, RetriedRefund, RetryBudget, RetryClass, TokenBucket,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::Error;
+pub use error::{AttemptError, Error};
 /// The key type, re-exported so a caller can store, parse and pass keys without depending on
 /// `idem-spec` itself.
 pub use idem_spec::IdempotencyKey;
 pub use key::{derive_key, mint_key};
-pub use middleware::{Deadline, HookVerdict, RetryEvent, RetryMiddleware, RetryReport};
+pub use middleware::{
+    AttemptInfo, Budgets, Deadline, HookVerdict, RetryEvent, RetryMiddleware, RetryReport,
+};
 pub use policy::{
     Decision, Outcome, RequestFacts, RetryPlan, RetryPolicy, RetryReason, RetryState, StopReason,
 };
