@@ -13,6 +13,7 @@
 //! - [`budget`]: the shared token bucket ([`RetryBudget`]) and why it beats a retry count.
 //! - [`key`]: minting and deriving keys, and why a fresh key per attempt is impossible here.
 //! - [`clock`]: injectable time ([`Clock`], [`ManualClock`]).
+//! - [`decisions`]: the decision table the book prints, built from the policy itself.
 //! - [`middleware`]: [`RetryMiddleware`], the mechanism, for `reqwest_middleware`.
 //! - [`rng`]: the tiny specified generator that makes schedules reproducible in any language.
 //! - [`vectors`]: the golden delay schedules published in `client/vectors/backoff.json`.
@@ -45,6 +46,7 @@ pub mod backoff;
 mod body;
 pub mod budget;
 pub mod clock;
+pub mod decisions;
 mod error;
 pub mod key;
 pub mod middleware;

@@ -1,5 +1,6 @@
-//! Writes the golden backoff schedules to `client/vectors/backoff.json` and the book's worked
-//! schedule to `book/src/sim/backoff-schedule.md`.
+//! Writes the golden backoff schedules to `client/vectors/backoff.json`, the book's worked
+//! schedule to `book/src/sim/backoff-schedule.md` and the client's decision table to
+//! `book/src/tables/client-decisions.md`.
 //!
 //! No `anyhow` here: this binary ships without the `sim` feature, and an I/O error with its path
 //! is all it can report.
@@ -17,6 +18,10 @@ fn main() -> ExitCode {
         (
             idem_client::vectors::SCHEDULE_TABLE_PATH,
             idem_client::vectors::schedule_markdown(),
+        ),
+        (
+            idem_client::decisions::DECISIONS_TABLE_PATH,
+            idem_client::decisions::markdown(),
         ),
     ] {
         let path = root.join(rel);
