@@ -106,6 +106,15 @@ impl AttemptError {
 }
 
 impl Error {
+    /// The idem-client error inside an error of a `reqwest_middleware` client, if it is one
+    /// (the middleware's errors arrive as `reqwest_middleware::Error::Middleware`).
+    pub fn from_middleware(err: &reqwest_middleware::Error) -> Option<&Error> {
+        match err {
+            reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<Error>(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
     /// The idempotency key of the operation that failed, when it had one. Store it with the
     /// operation: retrying later with the same key is safe for as long as the server's replay
     /// window lasts, even when this error leaves the outcome unknown.

@@ -34,13 +34,28 @@
 //! # let _ = report; Ok(()) }
 //! ```
 //!
+//! `examples/middleware.rs` (shown in the crate README and the book, and run by the crate's
+//! tests) does the same with a key derived from the event that caused the operation, and reads
+//! the report. Every response comes back, whatever its status, with a [`RetryReport`]; only an
+//! operation whose last attempt got no response at all fails, with [`Error::GaveUp`] carrying
+//! the key to store ([`Error::key`]).
+//!
 //! ## Why these defaults
 //!
 //! Three attempts with full jitter (500 ms base, 20 s cap) is what the large SDKs converged on,
 //! and full jitter did the least work in Brooker's 2015 experiment, which `idem-sim` reproduces.
-//! The attempt cap protects one call; the shared budget protects the service the whole fleet
-//! calls, which a cap cannot (see [`budget`]). A single deadline spans the call, because a
-//! per-attempt timeout that restarts on every retry lets a "5 s timeout" take 20 s.
+//! The attempt cap protects one call; the budget protects the service a whole fleet calls,
+//! which a cap cannot, so there is one bucket per origin, refunded the way the AWS SDKs' standard
+//! mode refunds it (see [`budget`]). A single deadline spans the call, because a per-attempt
+//! timeout that restarts on every retry lets a "5 s timeout" take 20 s; each attempt still gets
+//! at most `attempt_timeout` (10 s) of it, so one hung attempt leaves room for another.
+//!
+//! ## How it compares
+//!
+//! On each behaviour the client's issue tracker asked about, next to the retry layers a Rust
+//! user would otherwise reach for and the two budgets it borrows from:
+//!
+#![doc = include_str!("../docs/comparison.md")]
 
 pub mod backoff;
 mod body;
