@@ -305,7 +305,11 @@ impl RetryMiddleware {
         policy: &RetryPolicy,
         timeout: Duration,
     ) -> reqwest_middleware::Result<(Outcome, Held)> {
-        let ends = tokio::time::Instant::now() + timeout;
+        let now = tokio::time::Instant::now();
+        // A policy may say "no limit" with a huge duration; an instant cannot hold it.
+        let ends = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
         let exchange = async {
             match next.run(req, extensions).await {
                 Ok(resp) => {

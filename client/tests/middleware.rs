@@ -532,3 +532,24 @@ async fn a_deadline_already_passed_sends_nothing() {
     );
     assert!(keys(&script).is_empty());
 }
+
+// clause: idem.client.deadline
+#[tokio::test]
+async fn a_policy_without_limits_does_not_overflow_the_attempt_timer() {
+    let (url, _script) = serve(vec![answer(503), answer(200)]).await;
+    let policy = RetryPolicy {
+        attempt_timeout: Duration::MAX,
+        deadline: Duration::MAX,
+        ..RetryPolicy::default()
+    };
+    let client = client(RetryMiddleware::new(policy).with_clock(ManualClock::default()));
+    let resp = client
+        .get(&url)
+        .send()
+        .await
+        .expect("200 on the second attempt");
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(report(&resp).attempts, 2);
+    // The body is still readable through the (far) attempt deadline.
+    assert_eq!(resp.text().await.expect("body"), r#"{"id":"ord_1"}"#);
+}
