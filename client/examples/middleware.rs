@@ -59,8 +59,11 @@ pub async fn pay_invoice(
         .get::<RetryReport>()
         .cloned()
         .ok_or("the retry middleware attaches a report to every response")?;
+    // The same key sent again, by this run or a later one, gets the first answer replayed.
+    let replayed = resp.headers().contains_key("idempotent-replayed");
     println!(
-        "invoice {invoice}: {status} after {} attempt(s) with key {key}",
+        "invoice {invoice}: {status}{} after {} attempt(s) with key {key}",
+        if replayed { " (replayed)" } else { "" },
         report.attempts
     );
     if let Some(why) = &report.stopped {
