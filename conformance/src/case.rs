@@ -41,6 +41,8 @@ pub enum Need {
     Pause,
     /// `hooks.failpoint.lease_pause` and `hooks.clock`.
     LeasePause,
+    /// `hooks.failpoint.crash_after_foreign_call` and `hooks.restart`.
+    ForeignCrash,
     /// `endpoints[0].rejected_body`.
     RejectedBody,
     /// `policy.in_flight = "conflict_or_wait"`.
@@ -60,6 +62,11 @@ impl Need {
             Self::ServerError => fp.and_then(|f| f.server_error.as_ref()).is_some(),
             Self::CrashRestart => {
                 fp.and_then(|f| f.crash_after_commit.as_ref()).is_some()
+                    && m.hooks.restart.is_some()
+            }
+            Self::ForeignCrash => {
+                fp.and_then(|f| f.crash_after_foreign_call.as_ref())
+                    .is_some()
                     && m.hooks.restart.is_some()
             }
             Self::Pause => fp.and_then(|f| f.pause.as_ref()).is_some(),
@@ -83,6 +90,7 @@ impl Need {
             Self::CrashRestart => "hooks.failpoint.crash_after_commit and hooks.restart",
             Self::Pause => "hooks.failpoint.pause",
             Self::LeasePause => "hooks.failpoint.lease_pause and hooks.clock",
+            Self::ForeignCrash => "hooks.failpoint.crash_after_foreign_call and hooks.restart",
             Self::RejectedBody => "endpoints[0].rejected_body",
             Self::PreferWait => "policy.in_flight = \"conflict_or_wait\"",
             Self::KeyRequired => "endpoints[0].key_required = true",
@@ -132,12 +140,13 @@ impl Case {
     /// restarter (the demo's) as a declared restart hook.
     pub fn missing_need_with(&self, m: &Manifest, restarter: bool) -> Option<Need> {
         self.needs.iter().copied().find(|n| {
+            let fp = m.hooks.failpoint.as_ref();
             let restart_ok = restarter
-                && *n == Need::CrashRestart
-                && m.hooks
-                    .failpoint
-                    .as_ref()
-                    .is_some_and(|f| f.crash_after_commit.is_some());
+                && match n {
+                    Need::CrashRestart => fp.is_some_and(|f| f.crash_after_commit.is_some()),
+                    Need::ForeignCrash => fp.is_some_and(|f| f.crash_after_foreign_call.is_some()),
+                    _ => false,
+                };
             !restart_ok && !n.declared(m)
         })
     }
@@ -145,9 +154,12 @@ impl Case {
     /// Whether the case is a recovery case (and so goes to
     /// `hooks.failpoint.recovery_endpoint`).
     pub fn is_recovery(&self) -> bool {
-        self.needs
-            .iter()
-            .any(|n| matches!(n, Need::CrashRestart | Need::LeasePause))
+        self.needs.iter().any(|n| {
+            matches!(
+                n,
+                Need::CrashRestart | Need::ForeignCrash | Need::LeasePause
+            )
+        })
     }
 }
 

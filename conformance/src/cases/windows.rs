@@ -2,6 +2,7 @@
 //! request after it. Needs the clock hook; these cases run last because they
 //! move the target's clock.
 
+use super::recovery::crash_then_retry;
 use super::{check_replay, fresh};
 use crate::case::{Case, Need, Rec};
 
@@ -53,7 +54,84 @@ pub fn cases() -> Vec<Case> {
             },
             run: |r| Box::pin(expiry(r)),
         },
+        Case {
+            id: "windows.progress",
+            title: "a request with committed progress is resumed after the replay window, never replaced",
+            clauses: &["idem.window.progress"],
+            needs: &[Need::ForeignCrash, Need::Clock],
+            permitted: |m| {
+                vec![format!(
+                    "R1 crashes between the foreign call and its commit; after a restart and {} s: R2 with the same key resumes it (2xx), one effect, one foreign effect; R3 replays R2",
+                    m.policy.replay_window_secs + MARGIN_SECS
+                )]
+            },
+            run: |r| Box::pin(progress(r)),
+        },
     ]
+}
+
+async fn progress(rec: &mut Rec) {
+    let Some((header, value)) = rec.ctx.failpoint(|f| f.crash_after_foreign_call.as_ref()) else {
+        return;
+    };
+    let secs = rec.ctx.manifest.policy.replay_window_secs + MARGIN_SECS;
+    let Some((r2, marker, req)) = crash_then_retry(rec, &header, &value, Some(secs)).await else {
+        return;
+    };
+    rec.check(
+        "idem.window.progress",
+        (200..300).contains(&r2.status),
+        "the request with committed progress is resumed and completes (2xx)",
+        r2.summary(),
+    );
+    rec.check_effects(
+        "idem.window.progress",
+        0,
+        &marker,
+        &[&r2],
+        1,
+        "past the window the key still names the crashed request: no second one",
+    )
+    .await;
+    if rec.stopped.is_some() {
+        return;
+    }
+    if rec.ctx.manifest.hooks.foreign_probe.is_some() {
+        match rec.ctx.foreign_effects(&marker).await {
+            Some(Ok(n)) => {
+                rec.note(format!(
+                    "the foreign probe counted {n} effect(s) for marker {marker:?}"
+                ));
+                rec.check(
+                    "idem.window.progress",
+                    n == 1,
+                    "exactly 1 foreign effect: the resumed request did not start over",
+                    format!("{n} foreign effect(s)"),
+                );
+            }
+            Some(Err(e)) => {
+                rec.stop(Verdict::Error, format!("foreign probe: {e}"));
+                return;
+            }
+            None => {}
+        }
+    }
+    let key = req
+        .headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("idempotency-key"))
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default();
+    let a = rec.alias(&key);
+    let Some(r3) = rec.send(&format!("alice resends R2 with {a}"), &req).await else {
+        return;
+    };
+    rec.check(
+        "idem.window.progress",
+        r3.same_outcome(&r2) && r3.replayed(),
+        "once finished, the key replays its outcome: a replay of R2",
+        r3.summary(),
+    );
 }
 
 async fn within(rec: &mut Rec) {
