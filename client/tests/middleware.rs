@@ -553,3 +553,30 @@ async fn a_policy_without_limits_does_not_overflow_the_attempt_timer() {
     // The body is still readable through the (far) attempt deadline.
     assert_eq!(resp.text().await.expect("body"), r#"{"id":"ord_1"}"#);
 }
+
+// clause: idem.client.budget
+#[tokio::test]
+async fn a_body_that_can_be_sent_once_is_sent_once_and_costs_no_tokens() {
+    let (url, script) = serve(vec![answer(503), answer(201)]).await;
+    let budget = RetryBudget::default();
+    let client = client(
+        RetryMiddleware::default()
+            .with_budget(budget.clone())
+            .with_clock(ManualClock::default()),
+    );
+    // A streaming body (here a wrapped String) cannot be cloned for a second attempt.
+    let resp = client
+        .post(&url)
+        .body(reqwest::Body::wrap(String::from(r#"{"sku":"A-1"}"#)))
+        .send()
+        .await
+        .expect("the 503");
+    assert_eq!(resp.status().as_u16(), 503);
+    let r = report(&resp);
+    assert_eq!(r.stopped, Some(StopReason::BodyNotReplayable));
+    assert_eq!(r.attempts, 1);
+    assert!(r.key.is_some(), "the one attempt still carries a key");
+    assert_eq!(keys(&script).len(), 1);
+    // The retry the policy would have paid for did not happen: its tokens are back.
+    assert_eq!(budget.available(), 500);
+}
