@@ -900,3 +900,118 @@ impl tower::Service<Request<Body>> for NoService {
         std::future::ready(Ok(Response::new(Body::empty())))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::key::Caller;
+
+    fn incoming(key: &str, fp: &str) -> Incoming {
+        Incoming {
+            id: KeyId::new(Caller::new("ann"), IdempotencyKey::parse(key).expect("key")),
+            fingerprint: Fingerprint::compute("POST", fp, None, b""),
+            request: StoredRequest {
+                method: "POST".into(),
+                path: "/".into(),
+                content_type: None,
+                body: Bytes::new(),
+            },
+            wait: None,
+            armed: Vec::new(),
+        }
+    }
+
+    // clause: idem.replay.verbatim
+    #[test]
+    fn a_stored_response_keeps_the_replayed_headers_only_byte_for_byte() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(header::LOCATION, HeaderValue::from_static("/things/1"));
+        headers.append("x-declared", HeaderValue::from_static("a"));
+        headers.append("x-declared", HeaderValue::from_static("b"));
+        headers.insert("x-other", HeaderValue::from_static("dropped"));
+        headers.insert(
+            header::ETAG,
+            HeaderValue::from_bytes(b"\"caf\xe9\"").expect("bytes"),
+        );
+        let declared = [HeaderName::from_static("x-declared")];
+        let stored = stored_response(201, &headers, &declared, b"{}");
+        let names: Vec<&str> = stored.headers.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "location",
+                "etag",
+                "x-declared",
+                "x-declared"
+            ]
+        );
+        assert_eq!(
+            stored.headers[2].value_bytes(),
+            b"\"caf\xe9\"",
+            "non-ASCII survives"
+        );
+        assert_eq!(
+            (stored.status, stored.body.as_slice()),
+            (201, b"{}".as_slice())
+        );
+    }
+
+    // clause: idem.inflight.prefer-wait
+    #[tokio::test]
+    async fn the_local_holder_is_exclusive_and_its_end_wakes_waiters() {
+        let registry = Arc::new(Registry::default());
+        let a = incoming("k", "a");
+        let guard = registry.try_acquire(&a).expect("free");
+        assert!(registry.try_acquire(&a).is_err(), "held");
+        assert!(
+            registry.try_acquire(&incoming("other", "a")).is_ok(),
+            "per key"
+        );
+        let entry = registry.entry(&a.id).expect("entry");
+        assert_eq!(entry.fingerprint, a.fingerprint);
+        let waiter = {
+            let entry = entry.clone();
+            tokio::spawn(async move {
+                let notified = entry.notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if !entry.done.load(Ordering::Acquire) {
+                    notified.await;
+                }
+            })
+        };
+        drop(guard);
+        tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("woken")
+            .expect("join");
+        assert!(registry.entry(&a.id).is_none(), "released");
+    }
+
+    #[test]
+    fn a_takeover_replaces_the_local_holder_and_the_old_guard_leaves_it_alone() {
+        let registry = Arc::new(Registry::default());
+        let a = incoming("k", "a");
+        let stale = registry.try_acquire(&a).expect("free");
+        let fresh = registry.force_acquire(&a);
+        drop(stale);
+        assert!(
+            registry.entry(&a.id).is_some(),
+            "the takeover's entry stays"
+        );
+        drop(fresh);
+        assert!(registry.entry(&a.id).is_none());
+    }
+
+    #[test]
+    fn the_default_config_publishes_the_reference_policy_and_5xx_is_not_final() {
+        assert_eq!(EngineConfig::default().policy(), Policy::default());
+        let p = EngineConfig::default().failure_policy;
+        assert!(p.stores(201) && p.stores(422) && !p.stores(500) && !p.stores(503));
+    }
+}

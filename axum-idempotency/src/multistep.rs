@@ -492,3 +492,97 @@ impl<K: KeyStore> MultiStepEndpoint<K> {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::SystemClock;
+    use crate::engine::EngineConfig;
+    use crate::store::SqliteStore;
+
+    fn incoming(caller: &str, key: &str) -> Incoming {
+        Incoming {
+            id: KeyId::new(
+                Caller::new(caller),
+                IdempotencyKey::parse(key).expect("key"),
+            ),
+            fingerprint: idem_spec::Fingerprint::compute("POST", "/", None, b""),
+            request: StoredRequest {
+                method: "POST".into(),
+                path: "/".into(),
+                content_type: None,
+                body: axum::body::Bytes::new(),
+            },
+            wait: None,
+            armed: Vec::new(),
+        }
+    }
+
+    fn derived(
+        engine: &Engine<SqliteStore>,
+        req: &Incoming,
+        created_at: Millis,
+    ) -> (String, String) {
+        let phase = Phase {
+            engine,
+            req,
+            created_at,
+            fence: req.id.fence(1),
+            point: RecoveryPoint::started(),
+            tx: None,
+            intent_committed: false,
+        };
+        let key = phase.foreign_key("shop").expect("valid key");
+        (phase.derive("order"), key.as_str().to_owned())
+    }
+
+    // clause: idem.multistep.foreign-key
+    #[tokio::test]
+    async fn derived_values_follow_caller_key_and_first_claim_only() {
+        let pool = sqlx::SqlitePool::connect("sqlite::memory:")
+            .await
+            .expect("pool");
+        let engine = Engine::new(
+            SqliteStore::new(pool),
+            Arc::new(SystemClock),
+            EngineConfig::default(),
+        );
+        let (a, b) = (incoming("ann", "k"), incoming("bob", "k"));
+        let first = derived(&engine, &a, 1_000);
+        assert_eq!(first, derived(&engine, &a, 1_000), "stable across attempts");
+        assert_ne!(first, derived(&engine, &b, 1_000), "per caller");
+        assert_ne!(
+            first,
+            derived(&engine, &incoming("ann", "k2"), 1_000),
+            "per key"
+        );
+        assert_ne!(
+            first,
+            derived(&engine, &a, 2_000),
+            "a key reused after its window"
+        );
+        let (digest, key) = first;
+        assert_eq!(
+            key,
+            format!("idemkit-shop-{}", &derived_digest(&engine, &a)[..40])
+        );
+        assert_ne!(
+            digest,
+            derived_digest(&engine, &a),
+            "labels separate values"
+        );
+    }
+
+    fn derived_digest(engine: &Engine<SqliteStore>, req: &Incoming) -> String {
+        let phase = Phase {
+            engine,
+            req,
+            created_at: 1_000,
+            fence: req.id.fence(1),
+            point: RecoveryPoint::started(),
+            tx: None,
+            intent_committed: false,
+        };
+        phase.derive("shop")
+    }
+}

@@ -368,3 +368,25 @@ pub trait StagedJobs: KeyStore {
     /// Deletes a delivered job inside `tx`.
     fn delete_job(&self, tx: &mut Self::Tx, id: i64) -> impl Future<Output = Result<()>> + Send;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_that_are_not_visible_ascii_round_trip_as_hex() {
+        let text = StoredHeader::new("location", b"/v1/things/1");
+        assert!(!text.hex);
+        assert_eq!(text.value, "/v1/things/1");
+        let raw = StoredHeader::new("x-raw", b"caf\xe9\x00");
+        assert!(raw.hex);
+        assert_eq!(raw.value_bytes(), b"caf\xe9\x00");
+        let json = serde_json::to_string(&[text.clone(), raw.clone()]).expect("json");
+        let back: Vec<StoredHeader> = serde_json::from_str(&json).expect("parse");
+        assert_eq!(back, vec![text, raw]);
+        assert!(
+            !json.contains("\"hex\":false"),
+            "the flag is omitted when false"
+        );
+    }
+}
