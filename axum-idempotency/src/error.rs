@@ -31,7 +31,7 @@ pub enum Error {
     ///
     /// [`Caller`]: crate::Caller
     #[error(
-        "send Authorization: Bearer <token>; idempotency keys are scoped to the authenticated caller"
+        "this endpoint needs an authenticated caller: idempotency keys are scoped to the caller"
     )]
     Unauthenticated,
     /// An idempotent endpoint got no `Idempotency-Key` header.
