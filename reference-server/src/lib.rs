@@ -50,11 +50,11 @@
 //! | Route | Auth | What |
 //! |---|---|---|
 //! | `POST /v1/transfers` | bearer | idempotent; `{"from","to","amount","memo"?}` → 201 |
-//! | `GET /v1/transfers[?memo=M]` | bearer | the caller's transfers and their `count` |
+//! | `GET /v1/transfers[?memo=M]` | bearer | a page of the caller's transfers (`limit`, `cursor`; [`api::page`]) and the `count` matching |
 //! | `GET /v1/transfers/{id}`, `GET /v1/accounts[/{id}]` | bearer | reads |
 //! | `POST /v1/payments` | bearer | idempotent, multi-step; `{"amount","currency","source"?,"description"?}` → 201, 402 declined, 503 processor unavailable |
-//! | `GET /v1/payments[?idempotency_key=K]`, `GET /v1/payments/{id}` | bearer | payments and their `status` |
-//! | `GET /v1/receipts` | bearer | receipt jobs the enqueuer delivered |
+//! | `GET /v1/payments[?idempotency_key=K][&description=D]`, `GET /v1/payments/{id}` | bearer | payments (a page at a time) and their `status` |
+//! | `GET /v1/receipts` | bearer | receipt jobs the enqueuer delivered (a page at a time) |
 //! | `GET /healthz` | none | 200 when serving |
 //! | `GET /openapi.json` | none | the document, with `x-idempotency` |
 //! | `POST /_test/clock` `{"advance_secs":N}`, `POST /_test/reap`, `POST /_test/complete`, `POST /_test/enqueue` | none | only with `--test-hooks` |

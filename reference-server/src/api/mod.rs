@@ -5,6 +5,7 @@ pub mod accounts;
 pub mod auth;
 pub mod json;
 pub mod openapi;
+pub mod page;
 pub mod payments;
 pub mod test_hooks;
 pub mod transfers;

@@ -58,7 +58,7 @@ use sqlx::Row;
 use utoipa::ToSchema;
 
 use super::auth::Principal;
-use super::{AppState, to_rfc3339};
+use super::{AppState, page, to_rfc3339};
 use crate::error::{Error, Result};
 use crate::processor::{ChargeOutcome, ChargeRequest, Processor};
 
@@ -153,13 +153,17 @@ pub struct Payment {
     pub created_at: String,
 }
 
-/// The caller's payments, oldest first.
+/// One page of the caller's payments, oldest first.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct PaymentList {
-    /// Number of payments.
+    /// How many of the caller's payments match the filters, across all
+    /// pages. Read beside the page, not in one snapshot with it.
     pub count: usize,
-    /// The payments.
+    /// This page: at most `limit` payments, oldest first.
     pub payments: Vec<Payment>,
+    /// Pass as `cursor` to get the payments after this page; `null` on the
+    /// last page.
+    pub next_cursor: Option<String>,
 }
 
 /// One receipt job delivered by the enqueuer.
@@ -177,13 +181,16 @@ pub struct Receipt {
     pub enqueued_at: String,
 }
 
-/// The caller's delivered receipts.
+/// One page of the caller's delivered receipts.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ReceiptList {
-    /// Number of receipts.
+    /// How many receipts the caller has, across all pages.
     pub count: usize,
-    /// The receipts, in job order.
+    /// This page: at most `limit` receipts, in job order.
     pub receipts: Vec<Receipt>,
+    /// Pass as `cursor` to get the receipts after this page; `null` on the
+    /// last page.
+    pub next_cursor: Option<String>,
 }
 
 /// The `POST /v1/payments` endpoint: its phases and the processor client.
@@ -482,29 +489,132 @@ pub async fn create_payment(
     }
 }
 
-/// Lists the caller's payments (`?idempotency_key=K` narrows to one key,
-/// `?description=D` to one description, e.g. a conformance run's marker).
+/// The tag of the payment list's cursors.
+const PAYMENTS_CURSOR: &str = "payments";
+
+/// The tag of the receipt list's cursors.
+const RECEIPTS_CURSOR: &str = "receipts";
+
+/// Query parameters of `GET /v1/payments`: filters (both may be given) and
+/// the page.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentQuery {
+    /// Only the payment this key created (indexed).
+    pub idempotency_key: Option<String>,
+    /// Only payments whose description is exactly this, e.g. a conformance
+    /// run's marker (indexed).
+    pub description: Option<String>,
+    /// Most payments to answer, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// Query parameters of `GET /v1/receipts`: the page.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiptQuery {
+    /// Most receipts to answer, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+type QueryResult<T> =
+    std::result::Result<axum::extract::Query<T>, axum::extract::rejection::QueryRejection>;
+
+fn query<T>(q: QueryResult<T>) -> Result<T> {
+    q.map(|axum::extract::Query(q)| q)
+        .map_err(|e| Error::Validation(format!("invalid query: {}", e.body_text())))
+}
+
+/// Lists the caller's payments, a page at a time (`?idempotency_key=K`
+/// narrows to one key, `?description=D` to one description).
 #[utoipa::path(
     get,
     path = "/v1/payments",
     tag = "payments",
-    responses((status = 200, description = "The caller's payments.", body = PaymentList)),
+    params(PaymentQuery),
+    responses(
+        (status = 200, description = "A page of the caller's payments, oldest first, with the number matching the filters.", body = PaymentList),
+        (status = 422, description = "Unknown parameter, a limit out of range or a cursor of another list.", body = idem_spec::Problem, content_type = "application/problem+json"),
+    ),
     security(("bearer" = []))
 )]
 pub async fn list_payments(
     State(app): State<AppState>,
     caller: Principal,
-    axum::extract::Query(q): axum::extract::Query<std::collections::BTreeMap<String, String>>,
+    q: QueryResult<PaymentQuery>,
 ) -> Result<Json<PaymentList>> {
-    // One filter at a time; the column names are fixed here, never taken
-    // from the query string.
-    let filter = ["idempotency_key", "description"]
-        .into_iter()
-        .find_map(|column| q.get(column).map(|v| (column, v.as_str())));
-    let payments = fetch(&app, &caller.0, filter).await?;
+    let q = query(q)?;
+    let limit = page::limit(q.limit)?;
+    let after = q
+        .cursor
+        .as_deref()
+        .map(|c| page::position(PAYMENTS_CURSOR, c))
+        .transpose()?;
+    // The column names are fixed here, never taken from the query string.
+    let filters: Vec<(&str, &str)> = [
+        ("idempotency_key", q.idempotency_key.as_deref()),
+        ("description", q.description.as_deref()),
+    ]
+    .into_iter()
+    .filter_map(|(column, v)| v.map(|v| (column, v)))
+    .collect();
+    let mut filter = String::new();
+    let mut n = 1;
+    for (column, _) in &filters {
+        n += 1;
+        filter.push_str(&format!(" AND {column} = ${n}"));
+    }
+    let count_sql = format!("SELECT COUNT(*) FROM payments WHERE owner = $1{filter}");
+    let mut page_sql = format!("{SELECT_PAYMENTS}{filter}");
+    if after.is_some() {
+        page_sql.push_str(&format!(
+            " AND created_at >= ${a} AND (created_at > ${a} OR id > ${b})",
+            a = n + 1,
+            b = n + 2
+        ));
+        n += 2;
+    }
+    page_sql.push_str(&format!(" ORDER BY created_at, id LIMIT ${}", n + 1));
+    let (count, rows) = with_pool!(&app.store, p => {
+        let mut c = sqlx::query_scalar::<_, i64>(&count_sql).bind(&caller.0);
+        let mut q = sqlx::query(&page_sql).bind(&caller.0);
+        for (_, v) in &filters {
+            c = c.bind(*v);
+            q = q.bind(*v);
+        }
+        if let Some(a) = &after {
+            q = q.bind(a.created_at).bind(&a.id);
+        }
+        let count = c.fetch_one(p).await?;
+        let rows = q.bind(i64::from(limit) + 1).fetch_all(p).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            out.push((decode(r)?, r.try_get::<i64, _>("created_at")?));
+        }
+        (count, out)
+    });
+    let (rows, more) = page::split(rows, limit);
+    let next_cursor = more.then(|| rows.last()).flatten().map(|(p, created_at)| {
+        page::cursor(
+            PAYMENTS_CURSOR,
+            &page::Position {
+                created_at: *created_at,
+                id: p.id.clone(),
+            },
+        )
+    });
     Ok(Json(PaymentList {
-        count: payments.len(),
-        payments,
+        count: usize::try_from(count).unwrap_or_default(),
+        payments: rows.into_iter().map(|(p, _)| p).collect(),
+        next_cursor,
     }))
 }
 
@@ -525,49 +635,61 @@ pub async fn get_payment(
     caller: Principal,
     Path(id): Path<String>,
 ) -> Result<Json<Payment>> {
-    fetch(&app, &caller.0, Some(("id", id.as_str())))
-        .await?
-        .into_iter()
-        .next()
+    let sql = format!("{SELECT_PAYMENTS} AND id = $2");
+    let payment = with_pool!(&app.store, p => {
+        let row = sqlx::query(&sql).bind(&caller.0).bind(&id).fetch_optional(p).await?;
+        row.as_ref().map(decode).transpose()?
+    });
+    payment
         .map(Json)
         .ok_or_else(|| Error::NotFound(format!("no payment {id:?}")))
 }
 
-async fn fetch(app: &AppState, owner: &str, filter: Option<(&str, &str)>) -> Result<Vec<Payment>> {
-    let sql = match filter {
-        Some((column, _)) => format!("{SELECT_PAYMENTS} AND {column} = $2 ORDER BY created_at, id"),
-        None => format!("{SELECT_PAYMENTS} ORDER BY created_at, id"),
-    };
-    with_pool!(&app.store, p => {
-        let mut q = sqlx::query(&sql).bind(owner);
-        if let Some((_, v)) = filter {
-            q = q.bind(v);
-        }
-        let rows = q.fetch_all(p).await?;
-        rows.iter().map(decode).collect()
-    })
-}
-
-/// Lists the receipt jobs the enqueuer delivered for the caller.
+/// Lists the receipt jobs the enqueuer delivered for the caller, a page at
+/// a time, in job order.
 #[utoipa::path(
     get,
     path = "/v1/receipts",
     tag = "payments",
-    responses((status = 200, description = "Delivered receipts.", body = ReceiptList)),
+    params(ReceiptQuery),
+    responses(
+        (status = 200, description = "A page of delivered receipts, with how many there are.", body = ReceiptList),
+        (status = 422, description = "Unknown parameter, a limit out of range or a cursor of another list.", body = idem_spec::Problem, content_type = "application/problem+json"),
+    ),
     security(("bearer" = []))
 )]
 pub async fn list_receipts(
     State(app): State<AppState>,
     caller: Principal,
+    q: QueryResult<ReceiptQuery>,
 ) -> Result<Json<ReceiptList>> {
-    let receipts = with_pool!(&app.store, p => {
-        let rows = sqlx::query(
-            "SELECT job_id, payment_id, amount, currency, enqueued_at FROM receipts \
-             WHERE owner = $1 ORDER BY job_id",
-        )
-        .bind(&caller.0)
-        .fetch_all(p)
-        .await?;
+    let q = query(q)?;
+    let limit = page::limit(q.limit)?;
+    let after = q
+        .cursor
+        .as_deref()
+        .map(|c| page::number_position(RECEIPTS_CURSOR, c))
+        .transpose()?;
+    let page_sql = format!(
+        "SELECT job_id, payment_id, amount, currency, enqueued_at FROM receipts \
+         WHERE owner = $1{} ORDER BY job_id LIMIT ${}",
+        if after.is_some() {
+            " AND job_id > $2"
+        } else {
+            ""
+        },
+        if after.is_some() { 3 } else { 2 }
+    );
+    let (count, receipts) = with_pool!(&app.store, p => {
+        let count = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM receipts WHERE owner = $1")
+            .bind(&caller.0)
+            .fetch_one(p)
+            .await?;
+        let mut q = sqlx::query(&page_sql).bind(&caller.0);
+        if let Some(job) = after {
+            q = q.bind(job);
+        }
+        let rows = q.bind(i64::from(limit) + 1).fetch_all(p).await?;
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
             out.push(Receipt {
@@ -578,11 +700,17 @@ pub async fn list_receipts(
                 enqueued_at: to_rfc3339(r.try_get("enqueued_at")?),
             });
         }
-        out
+        (count, out)
     });
+    let (receipts, more) = page::split(receipts, limit);
+    let next_cursor = more
+        .then(|| receipts.last())
+        .flatten()
+        .map(|r| page::number_cursor(RECEIPTS_CURSOR, r.job_id));
     Ok(Json(ReceiptList {
-        count: receipts.len(),
+        count: usize::try_from(count).unwrap_or_default(),
         receipts,
+        next_cursor,
     }))
 }
 

@@ -22,7 +22,7 @@ use super::json::ApiJson;
 use axum_idempotency::{IdemTx, Store, with_conn, with_pool};
 
 use super::auth::Principal;
-use super::to_rfc3339;
+use super::{page, to_rfc3339};
 use crate::error::{Error, Result};
 
 /// Largest amount one transfer may move, in minor units.
@@ -90,13 +90,18 @@ pub struct Transfer {
     pub created_at: String,
 }
 
-/// The caller's transfers, oldest first.
+/// One page of the caller's transfers, oldest first.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct TransferList {
-    /// Number of transfers (a probe for double execution).
+    /// How many of the caller's transfers match the filter, across all
+    /// pages (an effect probe for double execution). Read beside the page,
+    /// not in one snapshot with it.
     pub count: usize,
-    /// The transfers.
+    /// This page: at most `limit` transfers, oldest first.
     pub transfers: Vec<Transfer>,
+    /// Pass as `cursor` to get the transfers after this page; `null` on
+    /// the last page.
+    pub next_cursor: Option<String>,
 }
 
 // Touching a row (a no-op UPDATE) both checks that it exists and belongs to
@@ -228,45 +233,103 @@ pub async fn create_transfer(
 const SELECT_TRANSFERS: &str = "SELECT id, from_account, to_account, amount, memo, created_at \
      FROM transfers WHERE owner = $1";
 
-/// Filters for `GET /v1/transfers`.
+/// The tag of this list's cursors.
+const CURSOR_TAG: &str = "transfers";
+
+/// Query parameters of `GET /v1/transfers`: a filter and the page.
 #[derive(Debug, Clone, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
-pub struct TransferFilter {
+pub struct TransferQuery {
     /// Only transfers whose memo is exactly this: an effect probe for
     /// black-box testers, who put a run-unique marker in the memo and count
-    /// how many transfers carry it.
+    /// how many transfers carry it (indexed).
     pub memo: Option<String>,
+    /// Most transfers to answer, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
 }
 
-/// Lists the caller's transfers.
+/// Lists the caller's transfers, a page at a time.
 #[utoipa::path(
     get,
     path = "/v1/transfers",
     tag = "transfers",
-    params(TransferFilter),
-    responses((status = 200, description = "The caller's transfers, oldest first.", body = TransferList)),
+    params(TransferQuery),
+    responses(
+        (status = 200, description = "A page of the caller's transfers, oldest first, with the number matching the filter.", body = TransferList),
+        (status = 422, description = "Unknown parameter, a limit out of range or a cursor of another list.", body = idem_spec::Problem, content_type = "application/problem+json"),
+    ),
     security(("bearer" = []))
 )]
 pub async fn list_transfers(
     State(app): State<AppState>,
     caller: Principal,
-    filter: Result<axum::extract::Query<TransferFilter>, axum::extract::rejection::QueryRejection>,
+    query: Result<axum::extract::Query<TransferQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<TransferList>> {
-    let axum::extract::Query(filter) =
-        filter.map_err(|e| Error::Validation(format!("invalid query: {}", e.body_text())))?;
-    let transfers = match &filter.memo {
-        Some(memo) => {
-            let sql = format!("{SELECT_TRANSFERS} AND memo = $2 ORDER BY created_at, id");
-            fetch(&app, &sql, &caller.0, Some(memo)).await?
+    let axum::extract::Query(query) =
+        query.map_err(|e| Error::Validation(format!("invalid query: {}", e.body_text())))?;
+    let limit = page::limit(query.limit)?;
+    let after = query
+        .cursor
+        .as_deref()
+        .map(|c| page::position(CURSOR_TAG, c))
+        .transpose()?;
+    let memo = query.memo.as_deref();
+    // $1 owner, $2 memo (when filtered); then the cursor and the limit.
+    let mut filter = String::new();
+    let mut n = 1;
+    if memo.is_some() {
+        n += 1;
+        filter.push_str(&format!(" AND memo = ${n}"));
+    }
+    let count_sql = format!("SELECT COUNT(*) FROM transfers WHERE owner = $1{filter}");
+    let mut page_sql = format!("{SELECT_TRANSFERS}{filter}");
+    if after.is_some() {
+        // The >= lets the index range start at the cursor; the OR breaks
+        // ties on created_at by id.
+        page_sql.push_str(&format!(
+            " AND created_at >= ${a} AND (created_at > ${a} OR id > ${b})",
+            a = n + 1,
+            b = n + 2
+        ));
+        n += 2;
+    }
+    page_sql.push_str(&format!(" ORDER BY created_at, id LIMIT ${}", n + 1));
+    let (count, rows) = with_pool!(&app.store, p => {
+        let mut c = sqlx::query_scalar::<_, i64>(&count_sql).bind(&caller.0);
+        let mut q = sqlx::query(&page_sql).bind(&caller.0);
+        if let Some(m) = memo {
+            c = c.bind(m);
+            q = q.bind(m);
         }
-        None => {
-            let sql = format!("{SELECT_TRANSFERS} ORDER BY created_at, id");
-            fetch(&app, &sql, &caller.0, None).await?
+        if let Some(a) = &after {
+            q = q.bind(a.created_at).bind(&a.id);
         }
-    };
+        let count = c.fetch_one(p).await?;
+        let rows = q.bind(i64::from(limit) + 1).fetch_all(p).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in &rows {
+            out.push((decode(r)?, r.try_get::<i64, _>("created_at")?));
+        }
+        (count, out)
+    });
+    let (rows, more) = page::split(rows, limit);
+    let next_cursor = more.then(|| rows.last()).flatten().map(|(t, created_at)| {
+        page::cursor(
+            CURSOR_TAG,
+            &page::Position {
+                created_at: *created_at,
+                id: t.id.clone(),
+            },
+        )
+    });
     Ok(Json(TransferList {
-        count: transfers.len(),
-        transfers,
+        count: usize::try_from(count).unwrap_or_default(),
+        transfers: rows.into_iter().map(|(t, _)| t).collect(),
+        next_cursor,
     }))
 }
 
@@ -287,39 +350,34 @@ pub async fn get_transfer(
     caller: Principal,
     Path(id): Path<String>,
 ) -> Result<Json<Transfer>> {
-    let sql = format!("{SELECT_TRANSFERS} AND id = $2");
-    fetch(&app, &sql, &caller.0, Some(&id))
+    fetch_one(&app, &caller.0, &id)
         .await?
-        .into_iter()
-        .next()
         .map(Json)
         .ok_or_else(|| Error::NotFound(format!("no transfer {id:?}")))
 }
 
-/// Runs a transfer query bound to the owner and, when given, one more value.
-async fn fetch(
-    app: &AppState,
-    sql: &str,
-    owner: &str,
-    second: Option<&str>,
-) -> Result<Vec<Transfer>> {
+/// Reads one transfer by id, bound to its owner.
+async fn fetch_one(app: &AppState, owner: &str, id: &str) -> Result<Option<Transfer>> {
+    let sql = format!("{SELECT_TRANSFERS} AND id = $2");
     with_pool!(&app.store, p => {
-        let mut q = sqlx::query(sql).bind(owner);
-        if let Some(v) = second {
-            q = q.bind(v);
-        }
-        let rows = q.fetch_all(p).await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for r in &rows {
-            out.push(Transfer {
-                id: r.try_get("id")?,
-                from: r.try_get("from_account")?,
-                to: r.try_get("to_account")?,
-                amount: r.try_get("amount")?,
-                memo: r.try_get("memo")?,
-                created_at: to_rfc3339(r.try_get("created_at")?),
-            });
-        }
-        Ok(out)
+        let row = sqlx::query(&sql).bind(owner).bind(id).fetch_optional(p).await?;
+        row.as_ref().map(decode).transpose()
+    })
+}
+
+fn decode<R>(r: &R) -> Result<Transfer>
+where
+    R: Row,
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    for<'a> String: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+    for<'a> i64: sqlx::Decode<'a, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(Transfer {
+        id: r.try_get("id")?,
+        from: r.try_get("from_account")?,
+        to: r.try_get("to_account")?,
+        amount: r.try_get("amount")?,
+        memo: r.try_get("memo")?,
+        created_at: to_rfc3339(r.try_get("created_at")?),
     })
 }
