@@ -130,6 +130,11 @@ pub struct Cli {
     #[arg(long, default_value_t = 0, requires = "test_hooks")]
     pub test_clock_offset_secs: u64,
 
+    /// Write the OpenAPI document this server would serve at /openapi.json
+    /// (with these flags) to PATH, `-` for stdout, and exit without serving.
+    #[arg(long, value_name = "PATH")]
+    pub write_openapi: Option<PathBuf>,
+
     /// Switch on a deliberate flaw (conformance-kit teeth; repeatable).
     #[cfg(feature = "flaws")]
     #[arg(long = "flaw", value_enum, value_name = "NAME")]

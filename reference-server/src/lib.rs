@@ -24,6 +24,7 @@
 //! `--listen 127.0.0.1:0` the OS picks the port and that line tells it.
 //! Flags (`--help` lists them all): `--listen`, `--database-url`,
 //! `--profile`, `--token TOKEN=CALLER`, `--tokens-file`,
+//! `--write-openapi PATH`,
 //! `--replay-window-secs`, `--retention-secs`, `--lease-secs`,
 //! `--retry-after-secs`, `--max-wait-secs`, `--reaper-interval-secs`,
 //! `--enqueuer-interval-ms`, `--completer-interval-ms`, `--processor-url`,

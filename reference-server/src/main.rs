@@ -6,6 +6,10 @@ use tracing_subscriber::EnvFilter;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = idem_server::config::Cli::parse();
+    if let Some(path) = &cli.write_openapi {
+        idem_server::api::openapi::write(&cli, path)?;
+        return Ok(());
+    }
     // Logs go to stderr so stdout stays the machine-readable announcement.
     tracing_subscriber::fmt()
         .with_env_filter(

@@ -10,9 +10,11 @@
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
+use serde_json::Value;
 use utoipa::openapi::{
     self, ComponentsBuilder, ContentBuilder, HttpMethod, InfoBuilder, OpenApiBuilder, PathItem,
     PathsBuilder, RefOr, Required, ResponseBuilder,
+    example::ExampleBuilder,
     header::HeaderBuilder,
     path::{OperationBuilder, Parameter, ParameterBuilder, ParameterIn},
     schema::{ObjectBuilder, Type},
@@ -22,7 +24,7 @@ use crate::clauses::{self, Clause};
 use crate::fingerprint::{self, FingerprintVector};
 use crate::headers;
 use crate::key::{HEADER_VALUE_PATTERN, MAX_HEADER_VALUE_LEN};
-use crate::policy::{self, Policy};
+use crate::policy::{self, FailurePolicy, InFlightBehaviour, Policy};
 use crate::problem::{ErrorCode, Problem, Profile};
 use crate::{CONTRACT_VERSION, Error, Fingerprint, IdempotencyKey, KeyState, RecoveryPoint};
 
@@ -146,6 +148,95 @@ pub fn problem_response(code: ErrorCode, profile: Profile) -> openapi::Response 
     b.build()
 }
 
+/// The four contract errors (missing, invalid, mismatch, in use).
+pub const CONTRACT_ERRORS: [ErrorCode; 4] = [
+    ErrorCode::IdempotencyKeyMissing,
+    ErrorCode::IdempotencyKeyInvalid,
+    ErrorCode::IdempotencyKeyMismatch,
+    ErrorCode::IdempotencyKeyInUse,
+];
+
+/// The responses `codes` take under `profile`, one per status, for an
+/// idempotent operation to carry (clause `idem.key.endpoints-published`).
+///
+/// OpenAPI allows one response per status, and two contract errors share a
+/// status in every profile (400 missing and invalid, 409 mismatch and in
+/// use in the reference profile), so a shared status gets one response
+/// that names every code in its description and carries one named example
+/// per code (named by its wire code; a code alone at its status is named
+/// too), and the `Retry-After` header when any of them sends it.
+pub fn contract_responses(
+    profile: Profile,
+    codes: &[ErrorCode],
+) -> Vec<(String, openapi::Response)> {
+    let mut by_status: BTreeMap<u16, Vec<ErrorCode>> = BTreeMap::new();
+    for &code in codes {
+        by_status
+            .entry(code.status(profile))
+            .or_default()
+            .push(code);
+    }
+    by_status
+        .into_iter()
+        .map(|(status, codes)| {
+            let mut response = problem_response(codes[0], profile);
+            for &code in &codes[1..] {
+                merge_response(&mut response, problem_response(code, profile));
+            }
+            // Named examples even for a code alone at its status, so every
+            // contract error's example is found the same way.
+            response.content.values_mut().for_each(name_single_example);
+            (status.to_string(), response)
+        })
+        .collect()
+}
+
+/// Folds `extra` into `existing`, two answers that share one status: the
+/// descriptions are joined, missing headers added, and each media type's
+/// examples become named examples side by side (a single `example` is
+/// renamed after the problem `code` it shows, else `example`), so neither
+/// answer's example is lost and the media type never carries both
+/// `example` and `examples` (which OpenAPI forbids).
+pub fn merge_response(existing: &mut openapi::Response, extra: openapi::Response) {
+    existing.description = format!("{} Or: {}", existing.description, extra.description);
+    for (name, header) in extra.headers {
+        existing.headers.entry(name).or_insert(header);
+    }
+    for (media, content) in extra.content {
+        match existing.content.get_mut(&media) {
+            None => {
+                existing.content.insert(media, content);
+            }
+            Some(into) => {
+                name_single_example(into);
+                let mut content = content;
+                name_single_example(&mut content);
+                for (name, example) in content.examples {
+                    into.examples.entry(name).or_insert(example);
+                }
+                if into.schema.is_none() {
+                    into.schema = content.schema;
+                }
+            }
+        }
+    }
+}
+
+/// Moves a media type's single `example` into its named `examples`.
+fn name_single_example(content: &mut openapi::Content) {
+    if let Some(value) = content.example.take() {
+        let name = value
+            .get("code")
+            .and_then(Value::as_str)
+            .unwrap_or("example")
+            .to_owned();
+        content
+            .examples
+            .entry(name)
+            .or_insert_with(|| RefOr::T(ExampleBuilder::new().value(Some(value)).build()));
+    }
+}
+
 fn example_detail(code: ErrorCode) -> &'static str {
     match code {
         ErrorCode::IdempotencyKeyMissing => {
@@ -164,25 +255,26 @@ fn example_detail(code: ErrorCode) -> &'static str {
     }
 }
 
+/// The path parameter of the template operation, `/{idempotent-operation}`.
+pub const TEMPLATE_PATH_PARAMETER: &str = "idempotent-operation";
+
 /// The OpenAPI 3.1 document of the idempotency surface (reference profile):
 /// the key parameter, the replay and retry headers, a problem response per
 /// contract error, the shared schemas, and the published windows under
 /// `x-idempotency`.
 pub fn openapi() -> openapi::OpenApi {
     let policy = Policy::default();
-    let idem_codes = [
-        ErrorCode::IdempotencyKeyMissing,
-        ErrorCode::IdempotencyKeyInvalid,
-        ErrorCode::IdempotencyKeyMismatch,
-        ErrorCode::IdempotencyKeyInUse,
-    ];
+    // Policy's members refer to FailurePolicy and InFlightBehaviour: every
+    // schema a $ref names is in the document.
     let mut components = ComponentsBuilder::new()
         .schema_from::<Problem>()
         .schema_from::<ErrorCode>()
         .schema_from::<Policy>()
+        .schema_from::<FailurePolicy>()
+        .schema_from::<InFlightBehaviour>()
         .schema_from::<KeyState>()
         .schema_from::<IdempotencyKey>();
-    for code in idem_codes {
+    for code in CONTRACT_ERRORS {
         components = components.response(
             response_name(code),
             problem_response(code, Profile::Reference),
@@ -205,6 +297,17 @@ pub fn openapi() -> openapi::OpenApi {
             "A template: every state-changing operation that takes an Idempotency-Key answers \
              with these responses in addition to its own.",
         ))
+        .parameter(
+            ParameterBuilder::new()
+                .name(TEMPLATE_PATH_PARAMETER)
+                .parameter_in(ParameterIn::Path)
+                .required(Required::True)
+                .description(Some(
+                    "Stands for the path of each operation a server declares idempotent; this \
+                     template is not an endpoint.",
+                ))
+                .schema(Some(ObjectBuilder::new().schema_type(Type::String))),
+        )
         .parameter(idempotency_key_parameter())
         .parameter(
             ParameterBuilder::new()
@@ -221,17 +324,10 @@ pub fn openapi() -> openapi::OpenApi {
                 .header(headers::IDEMPOTENT_REPLAYED, replayed_header())
                 .build(),
         );
-    for code in idem_codes {
-        let status = code.status(Profile::Reference).to_string();
-        // Two contract errors share 400 and two share 409; OpenAPI allows one
-        // response per status, so the operation references the first and the
-        // components carry all four.
-        if code == ErrorCode::IdempotencyKeyMissing || code == ErrorCode::IdempotencyKeyInUse {
-            op = op.response(
-                status,
-                RefOr::Ref(openapi::Ref::from_response_name(response_name(code))),
-            );
-        }
+    // All four errors, one response per status (two share 400, two 409);
+    // the components carry each one alone as well, for servers to reuse.
+    for (status, response) in contract_responses(Profile::Reference, &CONTRACT_ERRORS) {
+        op = op.response(status, response);
     }
 
     let mut doc = OpenApiBuilder::new()
@@ -246,7 +342,7 @@ pub fn openapi() -> openapi::OpenApi {
                 ))),
         )
         .paths(PathsBuilder::new().path(
-            "/{idempotent-operation}",
+            format!("/{{{TEMPLATE_PATH_PARAMETER}}}"),
             PathItem::new(HttpMethod::Post, op.build()),
         ))
         .components(Some(components.build()))
@@ -277,4 +373,207 @@ fn response_name(code: ErrorCode) -> String {
                 .unwrap_or_default()
         })
         .collect()
+}
+
+/// What is wrong with an OpenAPI 3.1 document, as one sentence per defect
+/// (empty when none is found).
+///
+/// Not a full validator (CI runs one on the generated and the served
+/// documents): the structural mistakes a generated document is prone to,
+/// checked without leaving `cargo test`. A local `$ref` that points
+/// nowhere; a path template whose `{name}` no required `in: path`
+/// parameter declares, or a path parameter missing from its template; a
+/// parameter declared twice, in an unknown location, or without exactly
+/// one of `schema` and `content`; an operation with no responses or a
+/// response key that is not a status; a media type carrying both
+/// `example` and `examples`; a repeated `operationId`.
+pub fn openapi_defects(doc: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    match doc.get("openapi").and_then(Value::as_str) {
+        Some(v) if v.starts_with("3.1.") => {}
+        other => out.push(format!("`openapi` is {other:?}, not 3.1.x")),
+    }
+    for member in ["title", "version"] {
+        if doc
+            .pointer(&format!("/info/{member}"))
+            .and_then(Value::as_str)
+            .is_none()
+        {
+            out.push(format!("info.{member} is missing"));
+        }
+    }
+    let mut refs = Vec::new();
+    collect_refs(doc, "", &mut refs);
+    for (at, target) in refs {
+        if let Some(pointer) = target.strip_prefix('#')
+            && doc.pointer(pointer).is_none()
+        {
+            out.push(format!("{at}: $ref {target:?} points nowhere"));
+        }
+    }
+    let mut operation_ids = BTreeMap::<String, String>::new();
+    let paths = doc.get("paths").and_then(Value::as_object);
+    for (path, item) in paths.into_iter().flatten() {
+        if !path.starts_with('/') {
+            out.push(format!("path {path:?} does not start with /"));
+        }
+        let template = template_names(path);
+        let shared = declared_parameters(doc, item, path, &mut out);
+        for method in [
+            "get", "put", "post", "delete", "options", "head", "patch", "trace",
+        ] {
+            let Some(op) = item.get(method) else { continue };
+            let at = format!("{} {path}", method.to_uppercase());
+            let own = declared_parameters(doc, op, &at, &mut out);
+            // Operation-level parameters override path-level ones.
+            let mut all = shared.clone();
+            all.extend(own);
+            for name in &template {
+                match all.get(&(name.clone(), "path".to_owned())) {
+                    Some(true) => {}
+                    Some(false) => out.push(format!(
+                        "{at}: path parameter {name:?} must be required: true"
+                    )),
+                    None => out.push(format!("{at}: path parameter {{{name}}} is not declared")),
+                }
+            }
+            for (name, location) in all.keys() {
+                if location == "path" && !template.contains(name) {
+                    out.push(format!(
+                        "{at}: parameter {name:?} is declared in: path but the path has no {{{name}}}"
+                    ));
+                }
+            }
+            if let Some(id) = op.get("operationId").and_then(Value::as_str)
+                && let Some(first) = operation_ids.insert(id.to_owned(), at.clone())
+            {
+                out.push(format!("{at}: operationId {id:?} is also used by {first}"));
+            }
+            match op.get("responses").and_then(Value::as_object) {
+                Some(r) if !r.is_empty() => {
+                    for status in r.keys() {
+                        if !is_response_key(status) {
+                            out.push(format!("{at}: response key {status:?} is not a status"));
+                        }
+                    }
+                }
+                _ => out.push(format!("{at}: no responses")),
+            }
+        }
+    }
+    collect_media_defects(doc, "", &mut out);
+    out
+}
+
+/// Every `$ref` string in `v`, with the JSON pointer where it sits.
+fn collect_refs(v: &Value, at: &str, out: &mut Vec<(String, String)>) {
+    match v {
+        Value::Object(m) => {
+            for (k, child) in m {
+                let here = format!("{at}/{}", k.replace('~', "~0").replace('/', "~1"));
+                if k == "$ref"
+                    && let Some(target) = child.as_str()
+                {
+                    out.push((at.to_owned(), target.to_owned()));
+                } else {
+                    collect_refs(child, &here, out);
+                }
+            }
+        }
+        Value::Array(a) => {
+            for (i, child) in a.iter().enumerate() {
+                collect_refs(child, &format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Media type objects (`content` maps) that carry both `example` and `examples`.
+fn collect_media_defects(v: &Value, at: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            if let Some(Value::Object(content)) = m.get("content") {
+                for (media, mt) in content {
+                    if mt.get("example").is_some() && mt.get("examples").is_some() {
+                        out.push(format!(
+                            "{at}/content/{media}: both example and examples (mutually exclusive)"
+                        ));
+                    }
+                }
+            }
+            for (k, child) in m {
+                collect_media_defects(child, &format!("{at}/{k}"), out);
+            }
+        }
+        Value::Array(a) => {
+            for (i, child) in a.iter().enumerate() {
+                collect_media_defects(child, &format!("{at}/{i}"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The `{name}`s of a path template.
+fn template_names(path: &str) -> Vec<String> {
+    path.split('{')
+        .skip(1)
+        .filter_map(|rest| rest.split_once('}').map(|(name, _)| name.to_owned()))
+        .collect()
+}
+
+/// The parameters `holder` (a path item or an operation) declares, as
+/// `(name, in) → required`, with `$ref`s followed; defects go to `out`.
+fn declared_parameters(
+    doc: &Value,
+    holder: &Value,
+    at: &str,
+    out: &mut Vec<String>,
+) -> BTreeMap<(String, String), bool> {
+    let mut seen = BTreeMap::new();
+    let list = holder.get("parameters").and_then(Value::as_array);
+    for p in list.into_iter().flatten() {
+        let p = match p.get("$ref").and_then(Value::as_str) {
+            Some(r) => match r.strip_prefix('#').and_then(|ptr| doc.pointer(ptr)) {
+                Some(target) => target,
+                // Reported with the other dangling $refs.
+                None => continue,
+            },
+            None => p,
+        };
+        let name = p.get("name").and_then(Value::as_str).unwrap_or_default();
+        let location = p.get("in").and_then(Value::as_str).unwrap_or_default();
+        if name.is_empty() {
+            out.push(format!("{at}: a parameter has no name"));
+            continue;
+        }
+        if !matches!(location, "query" | "header" | "path" | "cookie") {
+            out.push(format!("{at}: parameter {name:?} has in: {location:?}"));
+        }
+        if p.get("schema").is_some() == p.get("content").is_some() {
+            out.push(format!(
+                "{at}: parameter {name:?} needs exactly one of schema and content"
+            ));
+        }
+        let required = p.get("required").and_then(Value::as_bool).unwrap_or(false);
+        let key = (name.to_owned(), location.to_owned());
+        if seen.insert(key, required).is_some() {
+            out.push(format!(
+                "{at}: parameter {name:?} (in: {location}) is declared twice"
+            ));
+        }
+    }
+    seen
+}
+
+/// `default`, `1XX`..`5XX`, or a status code 100..=599.
+fn is_response_key(k: &str) -> bool {
+    if k == "default" {
+        return true;
+    }
+    let b = k.as_bytes();
+    b.len() == 3
+        && (b'1'..=b'5').contains(&b[0])
+        && (b[1..] == *b"XX" || (b[1].is_ascii_digit() && b[2].is_ascii_digit()))
 }

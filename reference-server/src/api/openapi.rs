@@ -3,7 +3,10 @@
 //! published by the spec crate (the key parameter, the replay marker, the
 //! contract's problem responses, and the windows under `x-idempotency`).
 
-use idem_spec::generate::{idempotency_key_parameter, problem_response, replayed_header};
+use idem_spec::generate::{
+    CONTRACT_ERRORS, contract_responses, idempotency_key_parameter, merge_response,
+    problem_response, replayed_header,
+};
 use idem_spec::headers::{IDEMPOTENT_REPLAYED, REPLAYED_HEADERS};
 use idem_spec::{ErrorCode, Policy, Problem, Profile};
 use utoipa::OpenApi;
@@ -87,27 +90,21 @@ pub fn document(profile: Profile, policy: &Policy) -> utoipa::openapi::OpenApi {
                     .insert(IDEMPOTENT_REPLAYED.to_owned(), replayed_header());
             }
         }
-        // Two contract errors can share a status (400 missing/invalid, 409
-        // mismatch/in use in the reference profile); OpenAPI has one response
-        // per status, so a shared status lists both codes in its description.
-        let codes = [
-            ErrorCode::IdempotencyKeyMissing,
-            ErrorCode::IdempotencyKeyInvalid,
-            ErrorCode::IdempotencyKeyMismatch,
-            ErrorCode::IdempotencyKeyInUse,
-            ErrorCode::Unauthenticated,
-        ];
-        for code in codes {
-            let status = code.status(profile).to_string();
-            let fresh: Response = problem_response(code, profile);
+        // All four contract errors, in this profile's statuses: two codes
+        // that share a status (400 missing/invalid, 409 mismatch/in use in
+        // the reference profile) share one response with an example each,
+        // and a status the operation already answers (422 under
+        // ietf-draft) gains the contract's code beside its own.
+        let unauthenticated: Response = problem_response(ErrorCode::Unauthenticated, profile);
+        let extra = contract_responses(profile, &CONTRACT_ERRORS)
+            .into_iter()
+            .chain([(
+                ErrorCode::Unauthenticated.status(profile).to_string(),
+                unauthenticated,
+            )]);
+        for (status, fresh) in extra {
             match op.responses.responses.get_mut(&status) {
-                Some(RefOr::T(existing)) => {
-                    existing.description =
-                        format!("{} Or: {}", existing.description, fresh.description);
-                    for (k, v) in fresh.headers {
-                        existing.headers.entry(k).or_insert(v);
-                    }
-                }
+                Some(RefOr::T(existing)) => merge_response(existing, fresh),
                 Some(RefOr::Ref(_)) => {}
                 None => {
                     op.responses.responses.insert(status, RefOr::T(fresh));
@@ -131,4 +128,21 @@ pub fn document(profile: Profile, policy: &Policy) -> utoipa::openapi::OpenApi {
     );
     doc.extensions = Some(extensions);
     doc
+}
+
+/// Writes the document `cli` would serve at `/openapi.json` to `path`
+/// (`-`: stdout), pretty-printed: `idem-server --write-openapi PATH`,
+/// which CI feeds to an OpenAPI validator.
+pub fn write(cli: &crate::config::Cli, path: &std::path::Path) -> crate::Result<()> {
+    let doc = document(cli.profile, &cli.published_policy());
+    let text = serde_json::to_string_pretty(&doc)
+        .map_err(|e| crate::Error::Internal(format!("OpenAPI document: {e}")))?
+        + "\n";
+    if path.as_os_str() == "-" {
+        use std::io::Write;
+        std::io::stdout().lock().write_all(text.as_bytes())?;
+    } else {
+        std::fs::write(path, text)?;
+    }
+    Ok(())
 }
