@@ -57,11 +57,15 @@ pub struct Cli {
     #[arg(long, default_value = "reference", value_parser = parse_profile)]
     pub profile: Profile,
 
-    /// A bearer token and the caller it authenticates, as TOKEN=CALLER (repeatable).
+    /// A bearer token and the caller it authenticates, as TOKEN=CALLER
+    /// (repeatable). Visible to every local user in `ps`: for real secrets
+    /// use --tokens-file or the IDEM_TOKENS environment variable.
     #[arg(long = "token", value_name = "TOKEN=CALLER")]
     pub tokens: Vec<String>,
 
-    /// A TOML file with a `[tokens]` table mapping each token to its caller.
+    /// A TOML file with a `[tokens]` table mapping each token to its caller
+    /// (keep it readable by the server's user only). Tokens can also come
+    /// from IDEM_TOKENS: whitespace-separated TOKEN=CALLER pairs.
     #[arg(long, value_name = "PATH")]
     pub tokens_file: Option<PathBuf>,
 
@@ -147,6 +151,16 @@ fn parse_profile(s: &str) -> std::result::Result<Profile, String> {
     })
 }
 
+/// The environment variable read for bearer tokens: whitespace-separated
+/// `TOKEN=CALLER` pairs. Unlike `--token`, it does not show in `ps`.
+pub const TOKENS_ENV: &str = "IDEM_TOKENS";
+
+/// `TOKEN=CALLER`, split at the last `=`: a caller name has no `=`, while a
+/// token may (base64 padding).
+fn split_token(pair: &str) -> Option<(&str, &str)> {
+    pair.rsplit_once('=')
+}
+
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TokensFile {
@@ -163,9 +177,17 @@ impl Cli {
         <Self as clap::Parser>::try_parse_from(args)
     }
 
-    /// Token → caller, from the flags and the file, or the demo tokens when
-    /// neither gives any.
+    /// Token → caller, from the tokens file, the [`TOKENS_ENV`] variable
+    /// and the flags (a later source wins for the same token), or the demo
+    /// tokens when none gives any.
     pub fn token_map(&self) -> Result<BTreeMap<String, String>> {
+        let env = std::env::var(TOKENS_ENV).ok();
+        self.token_map_with_env(env.as_deref())
+    }
+
+    /// [`token_map`](Self::token_map) with `env` standing for the value of
+    /// [`TOKENS_ENV`] (tests cannot set a process's environment safely).
+    pub fn token_map_with_env(&self, env: Option<&str>) -> Result<BTreeMap<String, String>> {
         let mut map = BTreeMap::new();
         if let Some(path) = &self.tokens_file {
             let text = std::fs::read_to_string(path)?;
@@ -173,10 +195,17 @@ impl Cli {
                 .map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
             map.extend(file.tokens);
         }
+        // Tokens are visible ASCII (no spaces), so whitespace separates pairs.
+        for t in env.unwrap_or_default().split_whitespace() {
+            let (token, caller) = split_token(t).ok_or_else(|| {
+                // Never echo the value: it holds secrets.
+                Error::Config(format!("{TOKENS_ENV}: expected TOKEN=CALLER pairs"))
+            })?;
+            map.insert(token.to_owned(), caller.to_owned());
+        }
         for t in &self.tokens {
-            let (token, caller) = t
-                .split_once('=')
-                .ok_or_else(|| Error::Config(format!("--token {t:?}: expected TOKEN=CALLER")))?;
+            let (token, caller) = split_token(t)
+                .ok_or_else(|| Error::Config("--token: expected TOKEN=CALLER".into()))?;
             map.insert(token.to_owned(), caller.to_owned());
         }
         if map.is_empty() {
@@ -266,7 +295,7 @@ mod tests {
         assert_eq!(cli.processor_url, None, "payments are off by default");
         assert_eq!(cli.completer_interval_ms, 5000);
         assert_eq!(cli.enqueuer_interval_ms, 1000);
-        let tokens = cli.token_map().expect("tokens");
+        let tokens = cli.token_map_with_env(None).expect("tokens");
         assert_eq!(tokens.get("demo-alice").map(String::as_str), Some("alice"));
         assert_eq!(tokens.get("demo-bob").map(String::as_str), Some("bob"));
         let policy = cli.engine_config().expect("config").policy();
@@ -299,19 +328,56 @@ mod tests {
             path.to_str().expect("utf-8 path"),
         ])
         .expect("parse");
-        let tokens = cli.token_map().expect("tokens");
+        let tokens = cli.token_map_with_env(None).expect("tokens");
         let _ = std::fs::remove_file(&path);
         assert_eq!(tokens.len(), 2);
         assert_eq!(tokens["t1"], "dave");
         assert_eq!(tokens["s3cret"], "carol");
         let bad = Cli::from_args(["idem-server", "--token", "t=Not Valid"]).expect("parse");
-        assert!(bad.token_map().is_err());
+        assert!(bad.token_map_with_env(None).is_err());
         assert!(Cli::from_args(["idem-server", "--profile", "nope"]).is_err());
         let short = Cli::from_args(["idem-server", "--retention-secs", "10"]).expect("parse");
         assert!(
             short.engine_config().is_err(),
             "retention shorter than the window"
         );
+    }
+
+    #[test]
+    fn tokens_from_the_environment_join_the_flags_and_are_never_echoed() {
+        let cli = Cli::from_args(["idem-server", "--token", "t1=dave"]).expect("parse");
+        let tokens = cli
+            .token_map_with_env(Some("  s3cret=carol\n\tb64tok+/===erin  "))
+            .expect("tokens");
+        assert_eq!(tokens.len(), 3, "{tokens:?}");
+        assert_eq!(tokens["s3cret"], "carol");
+        assert_eq!(tokens["b64tok+/=="], "erin", "split at the last '='");
+        assert_eq!(tokens["t1"], "dave");
+        // The environment alone replaces the demo tokens.
+        let bare = Cli::from_args(["idem-server"]).expect("parse");
+        let only_env = bare.token_map_with_env(Some("x=zoe")).expect("tokens");
+        assert_eq!(only_env.keys().collect::<Vec<_>>(), ["x"]);
+        // An empty variable is no tokens at all: the demo ones stay.
+        assert!(
+            bare.token_map_with_env(Some(" "))
+                .expect("tokens")
+                .contains_key("demo-alice")
+        );
+        // A malformed pair is refused without repeating the secret.
+        let err = bare
+            .token_map_with_env(Some("no-caller-here"))
+            .expect_err("malformed")
+            .to_string();
+        assert!(
+            err.contains(TOKENS_ENV) && !err.contains("no-caller-here"),
+            "{err}"
+        );
+        let err = Cli::from_args(["idem-server", "--token", "hunter2"])
+            .expect("parse")
+            .token_map_with_env(None)
+            .expect_err("malformed")
+            .to_string();
+        assert!(!err.contains("hunter2"), "{err}");
     }
 
     #[cfg(not(feature = "flaws"))]

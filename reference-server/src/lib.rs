@@ -23,7 +23,8 @@
 //! line on stdout is machine-readable: `listening on http://ADDR`; with
 //! `--listen 127.0.0.1:0` the OS picks the port and that line tells it.
 //! Flags (`--help` lists them all): `--listen`, `--database-url`,
-//! `--profile`, `--token TOKEN=CALLER`, `--tokens-file`,
+//! `--profile`, `--token TOKEN=CALLER` (visible in `ps`: prefer
+//! `--tokens-file` or the `IDEM_TOKENS` environment variable), `--tokens-file`,
 //! `--write-openapi PATH`,
 //! `--replay-window-secs`, `--retention-secs`, `--lease-secs`,
 //! `--retry-after-secs`, `--max-wait-secs`, `--reaper-interval-secs`,
