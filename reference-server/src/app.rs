@@ -237,6 +237,15 @@ pub async fn serve(cli: Cli) -> Result<()> {
     if !app.state.flaws.list().is_empty() {
         tracing::warn!(flaws = ?app.state.flaws.list(), "DELIBERATE FLAWS ARE ON: this server breaks the contract on purpose");
     }
+    let limits = cli.connection_limits();
+    tracing::info!(
+        header_read_timeout_secs = limits.header_read.as_secs(),
+        body_read_timeout_secs = limits.body_read.as_secs(),
+        idle_timeout_secs = limits.idle.as_secs(),
+        max_client_connections = limits.max_connections,
+        open_file_limit = crate::serve::open_file_limit(),
+        "connection limits"
+    );
     let listener = TcpListener::bind(&cli.listen).await?;
     let addr = listener.local_addr()?;
     announce(addr, &cli, &app.state);
@@ -267,11 +276,10 @@ pub async fn serve(cli: Cli) -> Result<()> {
             .unwrap_or("(none: /v1/payments answers 503)"),
         "background jobs started"
     );
-    let result = axum::serve(listener, app.router)
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
-        .await;
+    let result = crate::serve::serve(listener, app.router, limits, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await;
     reaper.abort();
     completer.abort();
     enqueuer.abort();

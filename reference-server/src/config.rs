@@ -48,6 +48,26 @@ pub struct Cli {
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: String,
 
+    /// Seconds a client has to send a complete request head: from accept
+    /// on a new connection, from the head's first byte on a kept-alive one.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_secs: u64,
+
+    /// Seconds a client has to send a request body, from its head.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout_secs: u64,
+
+    /// Seconds a connection may stay open with no request in progress and
+    /// no bytes moving.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_secs: u64,
+
+    /// Client connections open at once (default: three quarters of the
+    /// open-file limit, at most 10000). At the cap, new clients wait and
+    /// quiet connections are closed to make room.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_client_connections: Option<u64>,
+
     /// sqlite://PATH (created if missing, WAL mode) or postgres://USER@HOST/DB.
     /// For PostgreSQL, `?options=-c%20search_path%3DNAME` selects a schema.
     #[arg(long, default_value = "sqlite://idem.db")]
@@ -268,6 +288,19 @@ impl Cli {
         .policy()
     }
 
+    /// The connection-level limits these flags ask for.
+    pub fn connection_limits(&self) -> crate::serve::Limits {
+        crate::serve::Limits {
+            header_read: Duration::from_secs(self.header_read_timeout_secs),
+            body_read: Duration::from_secs(self.body_read_timeout_secs),
+            idle: Duration::from_secs(self.idle_timeout_secs),
+            max_connections: self
+                .max_client_connections
+                .and_then(|n| usize::try_from(n).ok())
+                .unwrap_or_else(crate::serve::default_max_connections),
+        }
+    }
+
     /// The flaws switched on (always none without the `flaws` feature).
     pub fn flaw_set(&self) -> Flaws {
         #[cfg(feature = "flaws")]
@@ -295,6 +328,15 @@ mod tests {
         assert_eq!(cli.processor_url, None, "payments are off by default");
         assert_eq!(cli.completer_interval_ms, 5000);
         assert_eq!(cli.enqueuer_interval_ms, 1000);
+        let limits = cli.connection_limits();
+        assert_eq!(limits.header_read, Duration::from_secs(10));
+        assert_eq!(limits.body_read, Duration::from_secs(30));
+        assert_eq!(limits.idle, Duration::from_secs(60));
+        assert_eq!(
+            limits.max_connections,
+            crate::serve::default_max_connections()
+        );
+        assert!(Cli::from_args(["idem-server", "--idle-timeout-secs", "0"]).is_err());
         let tokens = cli.token_map_with_env(None).expect("tokens");
         assert_eq!(tokens.get("demo-alice").map(String::as_str), Some("alice"));
         assert_eq!(tokens.get("demo-bob").map(String::as_str), Some("bob"));

@@ -11,7 +11,8 @@
 //!   receipts), bearer authentication, `GET /openapi.json`, and the
 //!   `--test-hooks` routes;
 //! - [`processor`]: this server's HTTP client of the payment processor;
-//! - [`config`]: the command line; [`app`]: wiring and serving;
+//! - [`config`]: the command line; [`app`]: wiring; [`serve`]: HTTP/1.1
+//!   with header, body and idle timeouts and a connection cap;
 //! - [`Error`]: the one error type and its problem+json rendering;
 //! - [`flaws`]: deliberately broken variants (the `flaws` feature only),
 //!   kept at the edge of the engine.
@@ -25,6 +26,9 @@
 //! Flags (`--help` lists them all): `--listen`, `--database-url`,
 //! `--profile`, `--token TOKEN=CALLER` (visible in `ps`: prefer
 //! `--tokens-file` or the `IDEM_TOKENS` environment variable), `--tokens-file`,
+//! the connection limits `--header-read-timeout-secs` (10),
+//! `--body-read-timeout-secs` (30), `--idle-timeout-secs` (60) and
+//! `--max-client-connections` (see [`serve`]),
 //! `--write-openapi PATH`,
 //! `--replay-window-secs`, `--retention-secs`, `--lease-secs`,
 //! `--retry-after-secs`, `--max-wait-secs`, `--reaper-interval-secs`,
@@ -75,5 +79,6 @@ pub mod config;
 mod error;
 pub mod flaws;
 pub mod processor;
+pub mod serve;
 
 pub use error::{Error, Result, current_profile, with_profile};
