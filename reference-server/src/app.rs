@@ -276,16 +276,34 @@ pub async fn serve(cli: Cli) -> Result<()> {
             .unwrap_or("(none: /v1/payments answers 503)"),
         "background jobs started"
     );
-    let result = crate::serve::serve(listener, app.router, limits, async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await;
+    let result = crate::serve::serve(listener, app.router, limits, shutdown_signal()).await;
     reaper.abort();
     completer.abort();
     enqueuer.abort();
     app.state.store.close().await;
     result.map_err(Error::Io)
 }
+/// Ctrl-C, or SIGTERM (what `systemctl stop`, `docker stop` and
+/// Kubernetes send): stop accepting and let requests in progress finish.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down: no new connections; requests in progress may finish");
+}
+
 fn announce(addr: SocketAddr, cli: &Cli, state: &AppState) {
     use std::io::Write;
     let base = format!("http://{addr}");

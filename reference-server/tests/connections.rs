@@ -457,3 +457,23 @@ async fn eleven_hundred_silent_sockets_under_a_1024_file_limit_do_not_lock_out_a
     );
     drop(silent);
 }
+
+#[cfg(unix)]
+#[tokio::test]
+async fn sigterm_closes_idle_connections_and_exits_cleanly() {
+    let mut server = start(&["--idle-timeout-secs", "600"]).await;
+    let mut kept = TcpStream::connect(server.child.addr()).await.unwrap();
+    kept.write_all(HEALTHZ).await.unwrap();
+    assert!(read_response(&mut kept).await.starts_with("HTTP/1.1 200"));
+    let pid = server.child.pid().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // The kept-alive connection is closed at once, not after 600 s.
+    let (_, closed) = read_to_close(&mut kept, GUARD).await;
+    assert!(closed);
+    let status = server.child.wait_exit(GUARD).await.expect("exited");
+    assert!(status.success(), "{status}");
+}

@@ -64,6 +64,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, Request, Response, header};
 use axum::response::IntoResponse;
+use http_body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -549,12 +550,17 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
         let fired = Arc::new(AtomicBool::new(false));
         let limit = self.body_read;
         let req = req.map(|body| {
-            Body::new(DeadlineBody {
-                inner: body,
-                sleep: Box::pin(tokio::time::sleep(limit)),
-                limit,
-                fired: fired.clone(),
-            })
+            if body.is_end_stream() {
+                // No body (most reads): nothing to time.
+                Body::new(body)
+            } else {
+                Body::new(DeadlineBody {
+                    inner: body,
+                    sleep: Box::pin(tokio::time::sleep(limit)),
+                    limit,
+                    fired: fired.clone(),
+                })
+            }
         });
         let router = self.router.clone();
         Box::pin(async move {
