@@ -69,7 +69,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, Semaphore, watch};
+use tokio::sync::{Semaphore, watch};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
@@ -277,7 +277,6 @@ impl Conn {
                         return;
                     }
                 }
-                () = tracker.changed.notified() => {}
                 // A change of the cap state changes the deadlines.
                 r = self.at_cap.changed(), if at_cap_open => if r.is_err() {
                     at_cap_open = false;
@@ -296,11 +295,13 @@ impl Conn {
 }
 
 /// What the watchdog knows about one connection.
+///
+/// The socket and the service only record what happens (a lock and a few
+/// stores per read, write and request); they never wake the watchdog. It
+/// wakes at its next deadline and at least every header timeout, which is
+/// often enough to see a head that started and still cut it on time.
 struct Tracker {
     state: Mutex<State>,
-    /// Woken when a handler finishes or a head starts: the next deadline
-    /// may be earlier than the one being slept on.
-    changed: Notify,
 }
 
 struct State {
@@ -330,7 +331,6 @@ impl Tracker {
                 heads: 0,
                 conflicts: std::collections::VecDeque::new(),
             }),
-            changed: Notify::new(),
         }
     }
 
@@ -342,7 +342,6 @@ impl Tracker {
 
     fn read(&self, bytes: &[u8]) {
         let now = Instant::now();
-        let mut started = false;
         let mut s = self.lock();
         s.last_io = now;
         let State {
@@ -353,20 +352,13 @@ impl Tracker {
             ..
         } = &mut *s;
         framing.feed(bytes, |e| match e {
-            Event::HeadStarted => {
-                *head_started = Some(now);
-                started = true;
-            }
+            Event::HeadStarted => *head_started = Some(now),
             Event::HeadComplete { conflicting } => {
                 *head_started = None;
                 *heads += 1;
                 conflicts.push_back(conflicting);
             }
         });
-        drop(s);
-        if started {
-            self.changed.notify_one();
-        }
     }
 
     fn wrote(&self) {
@@ -381,12 +373,11 @@ impl Tracker {
     }
 
     fn end_request(&self) {
+        let now = Instant::now();
         let mut s = self.lock();
         s.handlers = s.handlers.saturating_sub(1);
-        s.handler_ended = Some(Instant::now());
-        s.last_io = Instant::now();
-        drop(s);
-        self.changed.notify_one();
+        s.handler_ended = Some(now);
+        s.last_io = now;
     }
 
     /// When to look again, and whether a limit is already exceeded; at the
@@ -399,9 +390,12 @@ impl Tracker {
         at_cap: bool,
     ) -> (Instant, Option<&'static str>) {
         let s = self.lock();
+        // Look again within a header timeout whatever happens: a head that
+        // starts meanwhile is then seen before its deadline.
+        let mut wake = now + limits.header_read.min(limits.idle);
         if s.handlers > 0 {
             // The body deadline and the handler's own bounds apply.
-            return (now + limits.idle, None);
+            return (wake, None);
         }
         let head_bytes = s.framing.head_bytes();
         // The head being waited for: a connection's first from accept, a
@@ -415,7 +409,6 @@ impl Tracker {
             None
         };
         let head_from = head_from.map(|t| s.handler_ended.map_or(t, |e| t.max(e)));
-        let mut wake = now + limits.idle;
         if let Some(t) = head_from {
             let deadline = t + limits.header_read;
             if now >= deadline {
