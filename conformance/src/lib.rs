@@ -58,9 +58,15 @@ pub use error::Error;
 /// The kit's version, recorded in every report.
 pub const KIT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// Exit code when no MUST clause failed.
-pub const EXIT_PASS: i32 = 0;
-/// Exit code when at least one MUST clause failed (unwaived).
-pub const EXIT_FAIL: i32 = 1;
-/// Exit code for harness errors (bad manifest, unreachable target, ...).
+/// Exit code when no MUST clause failed: CONFORMS.
+pub const EXIT_CONFORMS: i32 = 0;
+/// Exit code when a MUST clause of class `safety` failed (unwaived):
+/// UNSAFE. Also `replay`'s "still fails".
+pub const EXIT_UNSAFE: i32 = 1;
+/// Exit code for harness errors (bad manifest, failed preflight,
+/// unreachable target, budget spent, a case that errored) when nothing
+/// unsafe was found.
 pub const EXIT_HARNESS: i32 = 2;
+/// Exit code when only `semantics` or `interop` MUST clauses failed:
+/// DEVIATES.
+pub const EXIT_DEVIATES: i32 = 3;
