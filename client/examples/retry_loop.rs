@@ -13,17 +13,15 @@ fn main() {
     // Scripted answers standing in for a real transport.
     let mut answers = vec![
         Outcome::status(503),
-        Outcome::Response {
-            status: 409,
-            retry_after: Some(Duration::from_secs(2)),
-            problem_code: Some("idempotency_key_in_use".into()),
-        },
+        Outcome::status(409)
+            .with_retry_after(Duration::from_secs(2))
+            .with_problem(Some("idempotency_key_in_use"), Some(true)),
         Outcome::status(201),
     ]
     .into_iter();
 
     // ANCHOR: retry_loop
-    let policy = RetryPolicy::default(); // 3 attempts, full jitter 500 ms / 20 s, 30 s deadline
+    let policy = RetryPolicy::default(); // 3 attempts, full jitter 500 ms / 20 s, 30 s deadline, 10 s per attempt
     let budget = RetryBudget::default(); // share one per client, not per call
     let key = derive_key("order-confirm", 8412).expect("a valid key"); // one key per operation
     let facts = RequestFacts::new("POST", true);
@@ -31,8 +29,9 @@ fn main() {
     let mut elapsed = Duration::ZERO; // production: measured from one Instant taken up front
 
     loop {
-        // Every attempt sends the same `key`; its timeout is what is left of the deadline.
-        let timeout = policy.remaining(elapsed);
+        // Every attempt sends the same `key`; its timeout is at most 10 s and what is left of
+        // the deadline.
+        let timeout = policy.timeout_for_attempt(elapsed);
         let outcome = answers.next().unwrap_or(Outcome::status(201));
         println!(
             "attempt {} with key {key}, timeout {timeout:?}: {outcome:?}",

@@ -19,7 +19,7 @@
 //! so `base` is the first ceiling: with the defaults the ceilings run 500 ms, 1 s, 2 s, … 20 s.
 //! Brooker's simulator counts `n` from 1 on the first failure instead (its first ceiling is
 //! `2 * base`); `idem-sim` passes that count explicitly to reproduce his model, see
-//! [`crate::sim::brooker`].
+//! `idem_client::sim::brooker` (feature `sim`).
 //!
 //! All arithmetic is on whole microseconds; `U[a, b)` is
 //! [`SplitMix64::uniform_u64`](crate::rng::SplitMix64::uniform_u64) and consumes exactly one

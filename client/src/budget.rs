@@ -20,8 +20,21 @@
 //!
 //! The numbers follow the AWS SDKs' 2026 "standard" mode (clause `idem.client.budget`): capacity
 //! 500, a transient-error retry costs 14, a throttling retry costs 5 (throttling says "the server
-//! is healthy, come back later", so it is cheaper), each success refunds 1.
+//! is healthy, come back later", so it is cheaper). The refund rule is that mode's too, exactly
+//! as botocore's `RetryQuotaChecker` implements it: a 2xx that ends an operation on its **first**
+//! attempt returns 1 token; a 2xx that ends an operation **after retries** returns the cost of its
+//! *last* retry (the earlier retries of that operation stay spent); anything else returns nothing.
+//! So a failure that one retry cures costs the bucket nothing once it is cured, and only failures
+//! that stay failed drain it. (A flat refund of 1 per success, this crate's first rule, drains the
+//! bucket under a steady 10 % of cured failures and then refuses retries that would have worked;
+//! [`RetriedRefund::Flat`] keeps it for comparison.)
+//!
+//! A budget measures the health of *one* service, so the middleware keeps one bucket per origin
+//! (scheme, host, port) by default ([`OriginBudgets`]): twenty failing calls to one host must not
+//! stop a single 503 on a healthy host from being retried. [`RetryBudget`] is one bucket; share
+//! one across origins only on purpose (several names for the same backend).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -56,18 +69,36 @@ pub struct BudgetConfig {
     pub transient_cost: u32,
     /// Cost of a [`RetryClass::Throttling`] retry.
     pub throttling_cost: u32,
-    /// Tokens returned by each successful response.
+    /// Tokens returned by a 2xx on an operation's first attempt (AWS: `NO_RETRY_INCREMENT`).
     pub success_refund: u32,
+    /// What a 2xx after retries returns.
+    pub retried_refund: RetriedRefund,
+}
+
+/// What a success that needed retries puts back into the bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+#[non_exhaustive]
+pub enum RetriedRefund {
+    /// The cost of the operation's last retry (the AWS standard mode; the default): the retry
+    /// that worked is paid back, earlier ones stay spent.
+    #[default]
+    LastRetryCost,
+    /// The same [`BudgetConfig::success_refund`] as a first-attempt success. A stricter bucket
+    /// that drains under a steady rate of failures one retry cures; idem-client's first rule,
+    /// kept so that difference can be measured (see the `budget_figures` tests).
+    Flat,
 }
 
 impl Default for BudgetConfig {
-    /// 500 / 14 / 5 / 1 (clause `idem.client.budget`).
+    /// 500 / 14 / 5, refund 1, or the last retry's cost after retries (clause `idem.client.budget`).
     fn default() -> Self {
         Self {
             capacity: 500,
             transient_cost: 14,
             throttling_cost: 5,
             success_refund: 1,
+            retried_refund: RetriedRefund::LastRetryCost,
         }
     }
 }
@@ -132,9 +163,21 @@ impl TokenBucket {
         Ok(cost)
     }
 
-    /// Records a successful response: refunds [`BudgetConfig::success_refund`], up to capacity.
-    pub fn on_success(&mut self) {
-        self.deposit(self.config.success_refund);
+    /// Records a 2xx that ended an operation. `last_retry_cost` is what the operation's last
+    /// retry paid, `None` when it succeeded on its first attempt. Refunds (up to capacity)
+    /// [`BudgetConfig::success_refund`] for a first-attempt success, and after retries what
+    /// [`BudgetConfig::retried_refund`] says.
+    pub fn on_success(&mut self, last_retry_cost: Option<u32>) {
+        let tokens = match (last_retry_cost, self.config.retried_refund) {
+            (Some(cost), RetriedRefund::LastRetryCost) => cost,
+            (Some(_), RetriedRefund::Flat) | (None, _) => self.config.success_refund,
+        };
+        self.deposit(tokens);
+    }
+
+    /// Whether the bucket is at capacity, i.e. indistinguishable from a new one.
+    pub fn is_full(&self) -> bool {
+        self.available >= self.config.capacity
     }
 
     /// Returns tokens taken for a retry that did not happen (e.g. vetoed by a hook).
@@ -184,13 +227,122 @@ impl RetryBudget {
     }
 
     /// See [`TokenBucket::on_success`].
-    pub fn on_success(&self) {
-        self.with(TokenBucket::on_success)
+    pub fn on_success(&self, last_retry_cost: Option<u32>) {
+        self.with(|b| b.on_success(last_retry_cost))
     }
 
     /// See [`TokenBucket::deposit`].
     pub fn deposit(&self, tokens: u32) {
         self.with(|b| b.deposit(tokens))
+    }
+
+    /// Whether `self` and `other` are handles to the same bucket.
+    pub fn same_bucket(&self, other: &RetryBudget) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Full and held by nobody but the map it sits in: dropping it loses nothing, because a new
+    /// bucket for that origin starts full too.
+    fn is_idle_and_full(&self) -> bool {
+        Arc::strong_count(&self.inner) == 1 && self.with(|b| b.is_full())
+    }
+}
+
+/// The most origins [`OriginBudgets`] tracks by default before sharing one overflow bucket.
+pub const DEFAULT_MAX_ORIGINS: usize = 1024;
+
+/// One [`RetryBudget`] per origin, each created full on first use: the middleware's default.
+///
+/// An origin is what [`url::Origin::ascii_serialization`](reqwest::Url::origin) prints
+/// (`https://api.example.com`, `http://127.0.0.1:8080`): scheme, host and port, so two hosts
+/// never share a bucket and one host's outage never spends another's retries. Clones share the
+/// same buckets (share one value between clients that call the same services).
+///
+/// Memory is bounded: at most `max_origins` buckets are kept. When a new origin arrives at the
+/// limit, buckets that are full and not in use are dropped first (a full bucket is
+/// indistinguishable from a new one, so nothing is lost); if every bucket is still draining, the
+/// new origin shares one overflow bucket with the other late arrivals, which can only make
+/// retries scarcer, never more plentiful.
+#[derive(Debug, Clone)]
+pub struct OriginBudgets {
+    config: BudgetConfig,
+    max_origins: usize,
+    inner: Arc<Mutex<OriginMap>>,
+}
+
+#[derive(Debug)]
+struct OriginMap {
+    buckets: HashMap<String, RetryBudget>,
+    overflow: RetryBudget,
+}
+
+impl Default for OriginBudgets {
+    fn default() -> Self {
+        Self::new(BudgetConfig::default())
+    }
+}
+
+impl OriginBudgets {
+    /// Buckets with `config`, at most [`DEFAULT_MAX_ORIGINS`] of them.
+    pub fn new(config: BudgetConfig) -> Self {
+        Self {
+            config,
+            max_origins: DEFAULT_MAX_ORIGINS,
+            inner: Arc::new(Mutex::new(OriginMap {
+                buckets: HashMap::new(),
+                overflow: RetryBudget::new(config),
+            })),
+        }
+    }
+
+    /// Keeps at most `max` per-origin buckets (at least 1).
+    pub fn with_max_origins(mut self, max: usize) -> Self {
+        self.max_origins = max.max(1);
+        self
+    }
+
+    /// The parameters every bucket starts with.
+    pub fn config(&self) -> BudgetConfig {
+        self.config
+    }
+
+    /// The bucket of `url`'s origin.
+    pub fn for_url(&self, url: &reqwest::Url) -> RetryBudget {
+        self.for_origin(&url.origin().ascii_serialization())
+    }
+
+    /// The bucket of `origin` (as [`OriginBudgets::for_url`] spells it), created full when new.
+    pub fn for_origin(&self, origin: &str) -> RetryBudget {
+        let mut map = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(b) = map.buckets.get(origin) {
+            return b.clone();
+        }
+        if map.buckets.len() >= self.max_origins {
+            map.buckets.retain(|_, b| !b.is_idle_and_full());
+        }
+        if map.buckets.len() >= self.max_origins {
+            return map.overflow.clone();
+        }
+        let bucket = RetryBudget::new(self.config);
+        map.buckets.insert(origin.to_owned(), bucket.clone());
+        bucket
+    }
+
+    /// Tokens left for `origin`: the capacity when it has no bucket (yet, or any more).
+    pub fn available(&self, origin: &str) -> u32 {
+        let map = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        map.buckets
+            .get(origin)
+            .map_or(self.config.capacity, RetryBudget::available)
+    }
+
+    /// How many origins have a bucket of their own right now.
+    pub fn tracked(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .buckets
+            .len()
     }
 }
 
@@ -231,13 +383,13 @@ mod tests {
         }
         assert_eq!(b.available(), 0);
         for _ in 0..13 {
-            b.on_success();
+            b.on_success(None);
         }
         assert!(b.try_withdraw(RetryClass::Transient).is_err());
-        b.on_success();
+        b.on_success(None);
         assert_eq!(b.try_withdraw(RetryClass::Transient), Ok(14));
         for _ in 0..1000 {
-            b.on_success();
+            b.on_success(None);
         }
         assert_eq!(b.available(), 500);
     }
@@ -251,5 +403,79 @@ mod tests {
         assert_eq!(b.available(), 486);
         b.deposit(100);
         assert_eq!(a.available(), 500);
+    }
+
+    // clause: idem.client.budget
+    #[test]
+    fn a_retried_success_refunds_its_last_retry_and_a_first_attempt_success_refunds_1() {
+        let mut b = TokenBucket::new(BudgetConfig::default());
+        // An operation that retried twice (transient, then throttling) and then succeeded: the
+        // last retry's 5 come back, the first retry's 14 stay spent.
+        b.try_withdraw(RetryClass::Transient).expect("full");
+        b.try_withdraw(RetryClass::Throttling).expect("full");
+        assert_eq!(b.available(), 481);
+        b.on_success(Some(5));
+        assert_eq!(b.available(), 486);
+        // One transient retry that worked costs nothing in the end.
+        b.try_withdraw(RetryClass::Transient).expect("enough");
+        b.on_success(Some(14));
+        assert_eq!(b.available(), 486);
+        b.on_success(None);
+        assert_eq!(b.available(), 487);
+        // Never above capacity.
+        for _ in 0..20 {
+            b.on_success(Some(14));
+        }
+        assert_eq!(b.available(), 500);
+
+        let mut flat = TokenBucket::new(BudgetConfig {
+            retried_refund: RetriedRefund::Flat,
+            ..BudgetConfig::default()
+        });
+        flat.try_withdraw(RetryClass::Transient).expect("full");
+        flat.on_success(Some(14));
+        assert_eq!(flat.available(), 487);
+    }
+
+    // clause: idem.client.budget
+    #[test]
+    fn each_origin_has_its_own_bucket() {
+        let budgets = OriginBudgets::default();
+        let a = budgets.for_origin("http://127.0.0.1:1");
+        let b = budgets.for_origin("http://127.0.0.1:2");
+        assert!(!a.same_bucket(&b));
+        assert!(a.same_bucket(&budgets.for_origin("http://127.0.0.1:1")));
+        for _ in 0..35 {
+            a.try_withdraw(RetryClass::Transient).expect("fits");
+        }
+        assert_eq!(budgets.available("http://127.0.0.1:1"), 10);
+        assert_eq!(budgets.available("http://127.0.0.1:2"), 500);
+        assert_eq!(budgets.available("http://never.seen"), 500);
+        let url = reqwest::Url::parse("http://127.0.0.1:1/orders?x=1").expect("url");
+        assert!(budgets.for_url(&url).same_bucket(&a));
+        // Scheme and port are part of the origin.
+        let https = reqwest::Url::parse("https://127.0.0.1:1/orders").expect("url");
+        assert!(!budgets.for_url(&https).same_bucket(&a));
+    }
+
+    // clause: idem.client.budget
+    #[test]
+    fn origin_buckets_are_bounded_and_never_forget_a_draining_bucket() {
+        let budgets = OriginBudgets::default().with_max_origins(2);
+        let draining = budgets.for_origin("a");
+        draining.try_withdraw(RetryClass::Transient).expect("full");
+        drop(draining);
+        // "b" is full and idle: it is dropped to make room for "c"; "a" is kept.
+        drop(budgets.for_origin("b"));
+        let c = budgets.for_origin("c");
+        assert_eq!(budgets.tracked(), 2);
+        assert_eq!(budgets.available("a"), 486);
+        // "c" is in use (held here), "a" is draining: "d" shares the overflow bucket.
+        let d = budgets.for_origin("d");
+        let e = budgets.for_origin("e");
+        assert!(d.same_bucket(&e));
+        assert!(!d.same_bucket(&c));
+        assert_eq!(budgets.tracked(), 2);
+        assert_eq!(budgets.available("a"), 486);
     }
 }

@@ -13,10 +13,12 @@
 //! - [`budget`]: the shared token bucket ([`RetryBudget`]) and why it beats a retry count.
 //! - [`key`]: minting and deriving keys, and why a fresh key per attempt is impossible here.
 //! - [`clock`]: injectable time ([`Clock`], [`ManualClock`]).
+//! - [`decisions`]: the decision table the book prints, built from the policy itself.
 //! - [`middleware`]: [`RetryMiddleware`], the mechanism, for `reqwest_middleware`.
 //! - [`rng`]: the tiny specified generator that makes schedules reproducible in any language.
 //! - [`vectors`]: the golden delay schedules published in `client/vectors/backoff.json`.
-//! - [`sim`]: the fleet simulator behind the `idem-sim` binary and the book's plots.
+//! - `sim` (feature `sim`, off by default): the fleet simulator behind the `idem-sim` binary and
+//!   the book's plots.
 //!
 //! ## One line for a reqwest user
 //!
@@ -32,31 +34,56 @@
 //! # let _ = report; Ok(()) }
 //! ```
 //!
+//! `examples/middleware.rs` (shown in the crate README and the book, and run by the crate's
+//! tests) does the same with a key derived from the event that caused the operation, and reads
+//! the report. Every response comes back, whatever its status, with a [`RetryReport`]; only an
+//! operation whose last attempt got no response at all fails, with [`Error::GaveUp`] carrying
+//! the key to store ([`Error::key`]).
+//!
 //! ## Why these defaults
 //!
 //! Three attempts with full jitter (500 ms base, 20 s cap) is what the large SDKs converged on,
 //! and full jitter did the least work in Brooker's 2015 experiment, which `idem-sim` reproduces.
-//! The attempt cap protects one call; the shared budget protects the service the whole fleet
-//! calls, which a cap cannot (see [`budget`]). A single deadline spans the call, because a
-//! per-attempt timeout that restarts on every retry lets a "5 s timeout" take 20 s.
+//! The attempt cap protects one call; the budget protects the service a whole fleet calls,
+//! which a cap cannot, so there is one bucket per origin, refunded the way the AWS SDKs' standard
+//! mode refunds it (see [`budget`]). A single deadline spans the call, because a per-attempt
+//! timeout that restarts on every retry lets a "5 s timeout" take 20 s; each attempt still gets
+//! at most `attempt_timeout` (10 s) of it, so one hung attempt leaves room for another.
+//!
+//! ## How it compares
+//!
+//! On each behaviour the client's issue tracker asked about, next to the retry layers a Rust
+//! user would otherwise reach for and the two budgets it borrows from:
+//!
+#![doc = include_str!("../docs/comparison.md")]
 
 pub mod backoff;
+mod body;
 pub mod budget;
 pub mod clock;
+pub mod decisions;
 mod error;
 pub mod key;
 pub mod middleware;
 pub mod policy;
 pub mod rng;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod vectors;
 
 pub use backoff::{Backoff, Jitter};
-pub use budget::{BudgetConfig, RetryBudget, RetryClass, TokenBucket};
+pub use budget::{
+    BudgetConfig, OriginBudgets, RetriedRefund, RetryBudget, RetryClass, TokenBucket,
+};
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use error::Error;
+pub use error::{AttemptError, Error};
+/// The key type, re-exported so a caller can store, parse and pass keys without depending on
+/// `idem-spec` itself.
+pub use idem_spec::IdempotencyKey;
 pub use key::{derive_key, mint_key};
-pub use middleware::{Deadline, HookVerdict, RetryEvent, RetryMiddleware, RetryReport};
+pub use middleware::{
+    AttemptInfo, Budgets, Deadline, HookVerdict, RetryEvent, RetryMiddleware, RetryReport,
+};
 pub use policy::{
     Decision, Outcome, RequestFacts, RetryPlan, RetryPolicy, RetryReason, RetryState, StopReason,
 };

@@ -12,13 +12,25 @@
 //! 1. resolves the idempotency key **once**: the request's own `Idempotency-Key` header, else an
 //!    [`IdempotencyKey`] extension, else (for POST, PATCH and other non-idempotent methods, when
 //!    auto keys are on) a freshly minted UUID; the key is written into the one request it holds;
-//! 2. fixes one deadline (a [`Deadline`] extension, else the policy's) and gives each attempt
-//!    a timeout equal to what is left of it;
-//! 3. after each attempt asks the policy, emits a `tracing` event for every retry, lets the
+//! 2. fixes one deadline (a [`Deadline`] extension, else the policy's) and picks the retry
+//!    budget of the request's origin (one bucket per scheme, host and port by default);
+//! 3. gives each attempt [`RetryPolicy::timeout_for_attempt`]: the least of `attempt_timeout` and
+//!    what is left of the deadline. It does so with its own timer around the attempt and never
+//!    by rewriting the request's timeout, so a shorter timeout of the `reqwest::Client` itself
+//!    (or of the request) still applies: the attempt ends at whichever fires first. The body of
+//!    the response handed back is held to the same attempt timeout, as reqwest's own timeout is;
+//! 4. after each attempt asks the policy, emits a `tracing` event for every retry, lets the
 //!    `on_retry` hook observe or veto, sleeps on the injected [`Clock`], and re-sends a clone of
 //!    the same request;
-//! 4. attaches a [`RetryReport`] (key, attempts, sleeps, why it stopped) to the response it hands
-//!    back, so the caller can persist the key and see what happened.
+//! 5. hands back the last response, whatever its status and why it stopped (even a `429` whose
+//!    `Retry-After` lands past the deadline: its headers and body are the caller's to read), with
+//!    a [`RetryReport`] (key, attempts, sleeps, why it stopped) in its extensions; when the last
+//!    attempt got no response at all, it returns [`Error::GaveUp`] with the same facts.
+//!
+//! The middleware decides nothing itself: every "whether" and "how long" is
+//! [`RetryPolicy::decide`]'s, and every loop here is bounded by its attempt cap and deadline.
+//! Attempts, timeouts and the body are real time (tokio); the deadline and the sleeps between
+//! attempts are on the [`Clock`], so tests can run a schedule instantly against a real socket.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,23 +39,20 @@ use std::time::{Duration, Instant};
 use http::Extensions;
 use idem_spec::IdempotencyKey;
 use idem_spec::headers::{IDEMPOTENCY_KEY, RETRY_AFTER};
-use reqwest::header::{CONTENT_TYPE, HeaderValue};
-use reqwest::{Request, Response, ResponseBuilderExt};
+use reqwest::header::HeaderValue;
+use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use crate::Error;
-use crate::budget::RetryBudget;
+use crate::body;
+use crate::budget::{OriginBudgets, RetryBudget};
 use crate::clock::{Clock, SystemClock};
+use crate::error::{AttemptError, Error};
 use crate::key::mint_key;
 use crate::policy::{
     Decision, Outcome, RequestFacts, RetryPlan, RetryPolicy, RetryState, StopReason,
     parse_retry_after,
 };
 use crate::rng::SplitMix64;
-
-/// The largest 409 body read to find its problem `code`; problem documents are tiny, and a
-/// bigger body is not one.
-const MAX_PROBLEM_BODY: u64 = 64 * 1024;
 
 /// Overrides the policy's deadline for one operation: put it in the request's extensions with
 /// `reqwest_middleware::RequestBuilder::with_extension`.
@@ -54,6 +63,17 @@ pub enum Deadline {
     /// The operation must finish by this instant (of the middleware's [`Clock`]); use it to pass
     /// down a deadline set higher up.
     At(Instant),
+}
+
+/// Put in the request's extensions before each attempt, for the middlewares inside this one
+/// (to propagate the remaining time downstream, to log) and for tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptInfo {
+    /// The attempt about to be sent (1-based).
+    pub number: u32,
+    /// Its timeout: the least of `attempt_timeout` and what is left of the deadline. The
+    /// request's own timeout, or the client's, may still end it sooner.
+    pub timeout: Duration,
 }
 
 /// What the `on_retry` hook and the `tracing` event see before each retry.
@@ -96,15 +116,37 @@ pub struct RetryReport {
     pub stopped: Option<StopReason>,
     /// What was left of the deadline when the response arrived.
     pub remaining: Duration,
-    /// Tokens left in the shared budget, if one is used.
+    /// Tokens left in the budget of the request's origin, if one is used.
     pub budget_left: Option<u32>,
 }
 
+/// How a middleware budgets its retries.
+#[derive(Debug, Clone)]
+pub enum Budgets {
+    /// No budget: only the attempt cap and the deadline bound retries.
+    None,
+    /// One bucket for every request, whatever its origin.
+    Shared(RetryBudget),
+    /// One bucket per origin (the default).
+    PerOrigin(OriginBudgets),
+}
+
+impl Budgets {
+    /// The bucket that pays for retries of a request to `url`.
+    pub fn for_url(&self, url: &reqwest::Url) -> Option<RetryBudget> {
+        match self {
+            Budgets::None => None,
+            Budgets::Shared(b) => Some(b.clone()),
+            Budgets::PerOrigin(o) => Some(o.for_url(url)),
+        }
+    }
+}
+
 /// The retry middleware. Build one per client: every request through that client shares its
-/// budget and its seed stream.
+/// budgets (one bucket per origin) and its seed stream.
 pub struct RetryMiddleware {
     policy: RetryPolicy,
-    budget: Option<RetryBudget>,
+    budgets: Budgets,
     clock: Arc<dyn Clock>,
     seeds: Mutex<SplitMix64>,
     hook: Option<RetryHook>,
@@ -115,7 +157,7 @@ impl std::fmt::Debug for RetryMiddleware {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RetryMiddleware")
             .field("policy", &self.policy)
-            .field("budget", &self.budget)
+            .field("budgets", &self.budgets)
             .field("clock", &self.clock)
             .field("hook", &self.hook.is_some())
             .field("auto_keys", &self.auto_keys)
@@ -124,18 +166,19 @@ impl std::fmt::Debug for RetryMiddleware {
 }
 
 impl Default for RetryMiddleware {
-    /// Default policy, a fresh default budget, the system clock, entropy-seeded jitter, auto keys.
+    /// Default policy, default budgets (one bucket per origin), the system clock,
+    /// entropy-seeded jitter, auto keys.
     fn default() -> Self {
         Self::new(RetryPolicy::default())
     }
 }
 
 impl RetryMiddleware {
-    /// A middleware running `policy` with a fresh default budget.
+    /// A middleware running `policy`, with one default bucket per origin.
     pub fn new(policy: RetryPolicy) -> Self {
         Self {
             policy,
-            budget: Some(RetryBudget::default()),
+            budgets: Budgets::PerOrigin(OriginBudgets::default()),
             clock: Arc::new(SystemClock),
             seeds: Mutex::new(SplitMix64::from_entropy()),
             hook: None,
@@ -143,16 +186,24 @@ impl RetryMiddleware {
         }
     }
 
-    /// Shares `budget` (clone a [`RetryBudget`] to share one bucket across several clients or to
-    /// read its level from outside).
+    /// Pays every retry, whatever its origin, from `budget` (clone a [`RetryBudget`] to share one
+    /// bucket across several clients, or to read its level from outside). Use it when several
+    /// origins are one service; otherwise prefer [`RetryMiddleware::with_origin_budgets`].
     pub fn with_budget(mut self, budget: RetryBudget) -> Self {
-        self.budget = Some(budget);
+        self.budgets = Budgets::Shared(budget);
         self
     }
 
-    /// Retries without a shared budget (only the attempt cap and the deadline bound them).
+    /// Pays retries from one bucket per origin, taken from `budgets` (clone an
+    /// [`OriginBudgets`] to share it between clients or to read its levels from outside).
+    pub fn with_origin_budgets(mut self, budgets: OriginBudgets) -> Self {
+        self.budgets = Budgets::PerOrigin(budgets);
+        self
+    }
+
+    /// Retries without a budget (only the attempt cap and the deadline bound them).
     pub fn without_budget(mut self) -> Self {
-        self.budget = None;
+        self.budgets = Budgets::None;
         self
     }
 
@@ -179,7 +230,7 @@ impl RetryMiddleware {
     }
 
     /// Whether to mint a key for non-idempotent requests that carry none (default on). Off means
-    /// such requests are sent once and never retried.
+    /// such requests are retried only when the connection was refused (never sent).
     pub fn auto_keys(mut self, on: bool) -> Self {
         self.auto_keys = on;
         self
@@ -190,9 +241,9 @@ impl RetryMiddleware {
         &self.policy
     }
 
-    /// The shared budget, if any.
-    pub fn budget(&self) -> Option<&RetryBudget> {
-        self.budget.as_ref()
+    /// How retries are budgeted.
+    pub fn budgets(&self) -> &Budgets {
+        &self.budgets
     }
 
     fn next_state(&self) -> RetryState {
@@ -238,12 +289,86 @@ impl RetryMiddleware {
         req.headers_mut().insert(IDEMPOTENCY_KEY, value);
         Ok((Some(key), minted))
     }
+
+    fn elapsed(&self, start: Instant) -> Duration {
+        self.clock.now().saturating_duration_since(start)
+    }
+
+    /// Sends one attempt under its timeout and reduces what happened to an [`Outcome`] for the
+    /// policy, keeping the response or error in hand. Errors of inner middlewares are theirs to
+    /// explain and are passed through, never retried.
+    async fn attempt(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+        policy: &RetryPolicy,
+        timeout: Duration,
+    ) -> reqwest_middleware::Result<(Outcome, Held)> {
+        let now = tokio::time::Instant::now();
+        // A policy may say "no limit" with a huge duration; an instant cannot hold it.
+        let ends = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
+        let exchange = async {
+            match next.run(req, extensions).await {
+                Ok(resp) => {
+                    Ok(observe_response(resp, policy, self.clock.wall(), ends, timeout).await)
+                }
+                Err(reqwest_middleware::Error::Reqwest(e)) => Ok((
+                    transport_outcome(&e),
+                    Held::Failed(AttemptError::Transport(e)),
+                )),
+                Err(other) => Err(other),
+            }
+        };
+        match tokio::time::timeout_at(ends, exchange).await {
+            Ok(result) => result,
+            // Dropping the exchange closes its connection: the attempt is over.
+            Err(_) => Ok((
+                Outcome::Timeout,
+                Held::Failed(AttemptError::TimedOut(timeout)),
+            )),
+        }
+    }
 }
 
 /// What an attempt left in our hands.
 enum Held {
-    Response(Response),
-    Transport(reqwest::Error),
+    /// A response, and the instant its body must be read by (`None` once it is in memory).
+    Response {
+        resp: Response,
+        body_deadline: Option<(tokio::time::Instant, Duration)>,
+    },
+    /// No response.
+    Failed(AttemptError),
+}
+
+/// The facts of one operation that every report repeats.
+struct Operation {
+    key: Option<IdempotencyKey>,
+    key_minted: bool,
+    budget: Option<RetryBudget>,
+}
+
+impl Operation {
+    fn report(
+        &self,
+        state: &RetryState,
+        delays: &[Duration],
+        stopped: Option<StopReason>,
+        remaining: Duration,
+    ) -> RetryReport {
+        RetryReport {
+            key: self.key.clone(),
+            key_minted: self.key_minted,
+            attempts: state.attempts(),
+            delays: delays.to_vec(),
+            stopped,
+            remaining,
+            budget_left: self.budget.as_ref().map(RetryBudget::available),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -267,69 +392,84 @@ impl Middleware for RetryMiddleware {
                 ..self.policy.clone()
             }),
         };
-        // The caller's own per-request timeout still applies, inside the deadline.
-        let caller_timeout = req.timeout().copied();
+        let op = Operation {
+            key,
+            key_minted,
+            budget: self.budgets.for_url(req.url()),
+        };
         let method = req.method().to_string();
         let url = req.url().to_string();
         let mut state = self.next_state();
         let mut delays = Vec::new();
-        // One request for the whole operation; attempts are clones of it.
-        let template = req;
+        // One request for the whole operation; attempts are clones of it, or, for a body that
+        // can be sent only once, the request itself on its one attempt.
+        let mut template = Some(req);
 
+        // Bounded: every pass either returns or records one attempt, and the policy stops at
+        // `max_attempts` (and at the deadline).
         loop {
-            let elapsed = self.clock.now().saturating_duration_since(start);
-            let remaining = policy.remaining(elapsed);
-            if remaining.is_zero() {
+            let elapsed = self.elapsed(start);
+            if policy.remaining(elapsed).is_zero() {
                 return Err(wrap(Error::DeadlineExceeded {
                     attempt: state.attempts() + 1,
-                    key,
+                    key: op.key,
                 }));
             }
-            let Some(mut attempt) = template.try_clone() else {
-                // A streaming body can be sent exactly once: send the original itself.
-                return self
-                    .send_once(template, extensions, next, &policy, start, key, key_minted)
-                    .await;
+            let timeout = policy.timeout_for_attempt(elapsed);
+            let (attempt, replayable) = match template.as_ref().and_then(Request::try_clone) {
+                Some(clone) => (clone, true),
+                None => match template.take() {
+                    Some(original) => (original, false),
+                    // Unreachable: a request that cannot be cloned is sent once, then we stop.
+                    None => {
+                        return Err(wrap(Error::DeadlineExceeded {
+                            attempt: state.attempts() + 1,
+                            key: op.key,
+                        }));
+                    }
+                },
             };
-            *attempt.timeout_mut() = Some(caller_timeout.map_or(remaining, |t| t.min(remaining)));
-
-            let (outcome, held) = match next.clone().run(attempt, extensions).await {
-                Ok(resp) => observe_response(resp, self.clock.wall()).await,
-                Err(reqwest_middleware::Error::Reqwest(e)) => {
-                    (transport_outcome(&e), Held::Transport(e))
+            extensions.insert(AttemptInfo {
+                number: state.attempts() + 1,
+                timeout,
+            });
+            let (outcome, held) = self
+                .attempt(attempt, extensions, next.clone(), &policy, timeout)
+                .await?;
+            let elapsed = self.elapsed(start);
+            let budget = op.budget.as_ref();
+            let plan = match policy.decide(&mut state, facts, &outcome, elapsed, budget) {
+                Decision::Done => {
+                    let report = op.report(&state, &delays, None, policy.remaining(elapsed));
+                    return finish(held, report);
                 }
-                // Errors of inner middlewares are theirs to explain; never retried here.
-                Err(other) => return Err(other),
-            };
-            let elapsed = self.clock.now().saturating_duration_since(start);
-            let decision =
-                policy.decide(&mut state, facts, &outcome, elapsed, self.budget.as_ref());
-            let report = |stopped: Option<StopReason>, delays: &Vec<Duration>| RetryReport {
-                key: key.clone(),
-                key_minted,
-                attempts: state.attempts(),
-                delays: delays.clone(),
-                stopped,
-                remaining: policy.remaining(elapsed),
-                budget_left: self.budget.as_ref().map(RetryBudget::available),
-            };
-            let plan = match decision {
-                Decision::Done => return finish_ok(held, report(None, &delays)),
                 Decision::Stop(reason) => {
-                    return finish_stop(reason, held, report, &delays, &outcome);
+                    let report =
+                        op.report(&state, &delays, Some(reason), policy.remaining(elapsed));
+                    return finish(held, report);
+                }
+                Decision::Retry(plan) if !replayable => {
+                    // The policy would retry, but the body is gone: give the tokens back.
+                    if let Some(b) = budget {
+                        b.deposit(plan.cost);
+                    }
+                    let reason = StopReason::BodyNotReplayable;
+                    let report =
+                        op.report(&state, &delays, Some(reason), policy.remaining(elapsed));
+                    return finish(held, report);
                 }
                 Decision::Retry(plan) => plan,
             };
             let event = RetryEvent {
                 plan,
-                key: key.clone(),
+                key: op.key.clone(),
                 method: method.clone(),
                 url: url.clone(),
             };
             if let Some(hook) = &self.hook
                 && hook(&event) == HookVerdict::Veto
             {
-                if let Some(b) = &self.budget {
+                if let Some(b) = budget {
                     b.deposit(event.plan.cost);
                 }
                 tracing::info!(
@@ -338,7 +478,13 @@ impl Middleware for RetryMiddleware {
                     reason = %event.plan.reason,
                     "retry vetoed by the on_retry hook"
                 );
-                return finish_stop(StopReason::Vetoed, held, report, &delays, &outcome);
+                let report = op.report(
+                    &state,
+                    &delays,
+                    Some(StopReason::Vetoed),
+                    policy.remaining(elapsed),
+                );
+                return finish(held, report);
             }
             emit(&event);
             drop(held);
@@ -348,128 +494,85 @@ impl Middleware for RetryMiddleware {
     }
 }
 
-impl RetryMiddleware {
-    /// The path for a request whose body cannot be cloned: one attempt, no retry.
-    #[allow(clippy::too_many_arguments)]
-    async fn send_once(
-        &self,
-        mut req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-        policy: &RetryPolicy,
-        start: Instant,
-        key: Option<IdempotencyKey>,
-        key_minted: bool,
-    ) -> reqwest_middleware::Result<Response> {
-        let remaining = policy.remaining(self.clock.now().saturating_duration_since(start));
-        let timeout = req.timeout().copied();
-        *req.timeout_mut() = Some(timeout.map_or(remaining, |t| t.min(remaining)));
-        let result = next.run(req, extensions).await;
-        let elapsed = self.clock.now().saturating_duration_since(start);
-        match result {
-            Ok(mut resp) => {
-                let success = resp.status().as_u16() < 400;
-                if success && let Some(b) = &self.budget {
-                    b.on_success();
-                }
-                resp.extensions_mut().insert(RetryReport {
-                    key,
-                    key_minted,
-                    attempts: 1,
-                    delays: Vec::new(),
-                    stopped: (!success).then_some(StopReason::BodyNotReplayable),
-                    remaining: policy.remaining(elapsed),
-                    budget_left: self.budget.as_ref().map(RetryBudget::available),
-                });
-                Ok(resp)
-            }
-            Err(reqwest_middleware::Error::Reqwest(source)) => Err(wrap(Error::GaveUp {
-                reason: StopReason::BodyNotReplayable,
-                attempts: 1,
-                key,
-                source,
-            })),
-            Err(other) => Err(other),
-        }
-    }
-}
-
 fn wrap(e: Error) -> reqwest_middleware::Error {
     reqwest_middleware::Error::Middleware(e.into())
 }
 
+/// Sorts a reqwest error by what it proves about the request (see [`crate::policy`]): a connect
+/// error was never sent; a timeout, reset, abort, broken pipe, incomplete message or canceled
+/// exchange may have been processed; anything else is not a network hiccup.
 fn transport_outcome(e: &reqwest::Error) -> Outcome {
     if e.is_connect() {
         Outcome::ConnectError
     } else if e.is_timeout() {
         Outcome::Timeout
+    } else if connection_lost(e) {
+        Outcome::ConnectionLost
     } else {
         Outcome::OtherTransport
     }
 }
 
-/// Reads what the policy needs from a response: status, `Retry-After`, and for a 409 the
-/// problem `code` (which means buffering that small body and handing back an equivalent
-/// response).
-async fn observe_response(resp: Response, wall: std::time::SystemTime) -> (Outcome, Held) {
+/// Whether the error chain says the connection went away under the exchange.
+fn connection_lost(e: &reqwest::Error) -> bool {
+    use std::io::ErrorKind::*;
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    // Bounded by the chain's length; error chains are short and finite.
+    while let Some(err) = source {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof | NotConnected
+            )
+        {
+            return true;
+        }
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && (h.is_incomplete_message()
+                || h.is_canceled()
+                || h.is_closed()
+                || h.is_body_write_aborted())
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Reads what the policy needs from a response: status, `Retry-After`, and, where the policy
+/// says the decision can depend on it, the problem body's `code` and `retryable` (buffering that
+/// small body and handing back an equivalent response).
+async fn observe_response(
+    resp: Response,
+    policy: &RetryPolicy,
+    wall: std::time::SystemTime,
+    ends: tokio::time::Instant,
+    timeout: Duration,
+) -> (Outcome, Held) {
     let status = resp.status().as_u16();
     let retry_after = resp
         .headers()
         .get(RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| parse_retry_after(v, wall));
-    let (problem_code, resp) = if status == 409 {
-        read_problem_code(resp).await
+    let (problem, resp, in_memory) = if policy.reads_problem(status) {
+        body::read_problem(resp).await
     } else {
-        (None, resp)
+        (body::ProblemFacts::default(), resp, false)
     };
     (
         Outcome::Response {
             status,
             retry_after,
-            problem_code,
+            problem_code: problem.code,
+            problem_retryable: problem.retryable,
         },
-        Held::Response(resp),
+        Held::Response {
+            resp,
+            body_deadline: (!in_memory).then_some((ends, timeout)),
+        },
     )
-}
-
-async fn read_problem_code(resp: Response) -> (Option<String>, Response) {
-    let is_json = resp
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.contains("json"));
-    let too_big = resp.content_length().is_some_and(|n| n > MAX_PROBLEM_BODY);
-    if !is_json || too_big {
-        return (None, resp);
-    }
-    let status = resp.status();
-    let version = resp.version();
-    let url = resp.url().clone();
-    let headers = resp.headers().clone();
-    let body = match resp.bytes().await {
-        Ok(b) => b,
-        Err(e) => {
-            tracing::debug!(target: "idem_client::retry", error = %e, "could not read a 409 body");
-            Default::default()
-        }
-    };
-    let code = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v.get("code")?.as_str().map(str::to_owned));
-    let mut builder = http::Response::builder()
-        .status(status)
-        .version(version)
-        .url(url);
-    if let Some(h) = builder.headers_mut() {
-        *h = headers;
-    }
-    let rebuilt = match builder.body(body) {
-        Ok(r) => Response::from(r),
-        // The parts came from a valid response, so this cannot fail; stay panic-free anyway.
-        Err(_) => Response::from(http::Response::new(Vec::<u8>::new())),
-    };
-    (code, rebuilt)
 }
 
 fn emit(event: &RetryEvent) {
@@ -491,53 +594,31 @@ fn emit(event: &RetryEvent) {
     );
 }
 
-fn finish_ok(held: Held, report: RetryReport) -> reqwest_middleware::Result<Response> {
+/// Hands back the last response with its report, or, when the last attempt got no response,
+/// [`Error::GaveUp`] with the same facts.
+fn finish(held: Held, report: RetryReport) -> reqwest_middleware::Result<Response> {
+    if let Some(reason) = &report.stopped {
+        tracing::debug!(target: "idem_client::retry", attempts = report.attempts, %reason, "not retrying");
+    }
     match held {
-        Held::Response(mut resp) => {
+        Held::Response {
+            resp,
+            body_deadline,
+        } => {
+            let mut resp = match body_deadline {
+                Some((ends, timeout)) => body::with_deadline(resp, ends, timeout),
+                None => resp,
+            };
             resp.extensions_mut().insert(report);
             Ok(resp)
         }
-        // The policy only answers Done for a response; a transport error is never a success.
-        Held::Transport(source) => Err(wrap(Error::GaveUp {
-            reason: StopReason::NotRetryable { status: None },
+        Held::Failed(source) => Err(wrap(Error::GaveUp {
+            // The policy only answers Done for a response, so a failure always has a reason.
+            reason: report
+                .stopped
+                .unwrap_or(StopReason::NotRetryable { status: None }),
             attempts: report.attempts,
             key: report.key,
-            source,
-        })),
-    }
-}
-
-fn finish_stop(
-    reason: StopReason,
-    held: Held,
-    report: impl Fn(Option<StopReason>, &Vec<Duration>) -> RetryReport,
-    delays: &Vec<Duration>,
-    outcome: &Outcome,
-) -> reqwest_middleware::Result<Response> {
-    let r = report(Some(reason.clone()), delays);
-    tracing::debug!(target: "idem_client::retry", attempts = r.attempts, %reason, "not retrying");
-    if let StopReason::RetryAfterPastDeadline { hint, remaining } = reason {
-        let status = match outcome {
-            Outcome::Response { status, .. } => *status,
-            _ => 0,
-        };
-        return Err(wrap(Error::RetryAfterPastDeadline {
-            hint,
-            remaining,
-            attempts: r.attempts,
-            key: r.key,
-            status,
-        }));
-    }
-    match held {
-        Held::Response(mut resp) => {
-            resp.extensions_mut().insert(r);
-            Ok(resp)
-        }
-        Held::Transport(source) => Err(wrap(Error::GaveUp {
-            reason,
-            attempts: r.attempts,
-            key: r.key,
             source,
         })),
     }

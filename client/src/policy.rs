@@ -9,13 +9,31 @@
 //! decides which typed reason a caller sees:
 //!
 //! 1. is the outcome on the allowlist, for this method and key? ([`StopReason::NotRetryable`],
-//!    [`StopReason::NonIdempotentWithoutKey`], [`StopReason::ServerErrorWithoutKey`])
+//!    [`StopReason::ProblemNotRetryable`], [`StopReason::NonIdempotentWithoutKey`],
+//!    [`StopReason::ServerErrorWithoutKey`])
 //! 2. attempts left? ([`StopReason::AttemptsExhausted`])
 //! 3. draw the backoff delay (the only step that consumes randomness);
-//! 4. a `Retry-After` hint past the deadline fails at once ([`StopReason::RetryAfterPastDeadline`]);
+//! 4. a `Retry-After` hint past the deadline stops at once ([`StopReason::RetryAfterPastDeadline`]);
 //!    otherwise the delay becomes `max(backoff, hint)`;
 //! 5. a sleep that would end at or past the deadline is not started ([`StopReason::DeadlineWouldPass`]);
 //! 6. the budget pays, or the retry is refused ([`StopReason::BudgetExhausted`]).
+//!
+//! The allowlist (step 1, clause `idem.client.allowlist`) sorts outcomes by what they prove
+//! about the request:
+//!
+//! - **never sent** ([`Outcome::ConnectError`]: refused, DNS, TLS handshake, connect timeout):
+//!   retrying cannot repeat anything, so it is retried for *any* request, even a POST without a
+//!   key;
+//! - **maybe processed** ([`Outcome::ConnectionLost`], [`Outcome::Timeout`], and every
+//!   retryable status): retried only when repeating is safe, i.e. the method is idempotent or the
+//!   request carries a key (clause `idem.client.no-key-no-retry`);
+//! - **the server answered for good** (other 4xx, 501, 505…, any problem saying
+//!   `"retryable": false`) and ambiguous protocol failures ([`Outcome::OtherTransport`]): never.
+//!
+//! A 409 means two opposite things (the key's first request is still running, or the key was
+//! reused for another request), so for a 409 the problem document decides: its `retryable`
+//! member when present, else whether its `code` is the in-flight code of any profile
+//! (`idempotency_key_in_use`, Resend's `concurrent_idempotent_requests`).
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -33,6 +51,11 @@ use crate::rng::SplitMix64;
 /// slow responses; short enough that a caller holding a user request is not stuck for minutes.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
 
+/// The default longest wait for one attempt, when it is shorter than what is left of the
+/// deadline (and than the HTTP client's own timeout). With the 30 s deadline it leaves room for
+/// a third attempt after two that hang (the book's second worked schedule).
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// What one attempt produced, reduced to what the policy needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -43,31 +66,69 @@ pub enum Outcome {
         status: u16,
         /// The `Retry-After` hint, already turned into a delay from now (see [`parse_retry_after`]).
         retry_after: Option<Duration>,
-        /// The `code` member of a problem+json body, when the policy needed it (409 only).
+        /// The `code` member of a problem+json body, when the policy needed it (see
+        /// [`RetryPolicy::reads_problem`]).
         problem_code: Option<String>,
+        /// The `retryable` member of that problem body, when present.
+        problem_retryable: Option<bool>,
     },
-    /// The connection could not be established: the request never reached the server.
+    /// The connection could not be established (refused, DNS failure, TLS handshake, connect
+    /// timeout): the request provably never reached the server.
     ConnectError,
-    /// The attempt ran out of time (its carved-out timeout fired).
+    /// The connection was closed, reset or aborted after the request may have been written (a
+    /// broken pipe, "connection closed before message completed", a canceled exchange): the
+    /// server may or may not have processed it.
+    ConnectionLost,
+    /// The attempt ran out of time (its timeout fired); the server may or may not have processed
+    /// it.
     Timeout,
-    /// Any other transport failure (reset mid-response, protocol error, body error). Not on the
-    /// allowlist: the request may or may not have been processed.
+    /// Any other transport failure (an unparsable response, a redirect loop, a request body that
+    /// failed to stream). Not on the allowlist: retrying would not fix it, or might not be safe.
     OtherTransport,
 }
 
 impl Outcome {
-    /// A response with no hint and no code.
+    /// A response with no hint and no problem body.
     pub fn status(status: u16) -> Self {
         Outcome::Response {
             status,
             retry_after: None,
             problem_code: None,
+            problem_retryable: None,
         }
     }
 
-    /// Whether this is a successful response (1xx–3xx).
+    /// The same response with a `Retry-After` hint (no effect on a transport outcome).
+    pub fn with_retry_after(mut self, hint: Duration) -> Self {
+        if let Outcome::Response { retry_after, .. } = &mut self {
+            *retry_after = Some(hint);
+        }
+        self
+    }
+
+    /// The same response with a problem body: its `code` and its `retryable` member (no effect
+    /// on a transport outcome).
+    pub fn with_problem(mut self, code: Option<&str>, retryable: Option<bool>) -> Self {
+        if let Outcome::Response {
+            problem_code,
+            problem_retryable,
+            ..
+        } = &mut self
+        {
+            *problem_code = code.map(str::to_owned);
+            *problem_retryable = retryable;
+        }
+        self
+    }
+
+    /// Whether this is a successful response (1xx–3xx): the operation is done.
     pub fn is_success(&self) -> bool {
         matches!(self, Outcome::Response { status, .. } if *status < 400)
+    }
+
+    /// Whether this success refunds the budget: only a 2xx does, as in the AWS standard mode.
+    pub fn is_2xx(&self) -> bool {
+        matches!(self, Outcome::Response { status, .. } if (200..300).contains(status))
     }
 }
 
@@ -104,8 +165,10 @@ pub fn is_idempotent_method(method: &str) -> bool {
 #[serde(rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum RetryReason {
-    /// Connection refused, reset before sending, DNS failure.
+    /// The connection could not be established: the request was never sent.
     ConnectError,
+    /// The connection was closed or reset after the request may have been sent.
+    ConnectionLost,
     /// The attempt's timeout fired.
     Timeout,
     /// 408 Request Timeout.
@@ -120,7 +183,8 @@ pub enum RetryReason {
     ServiceUnavailable,
     /// 504 Gateway Timeout.
     GatewayTimeout,
-    /// 409 with code `idempotency_key_in_use`: the first attempt is still running.
+    /// A 409 the server marks in flight (`"retryable": true`, or an in-flight code such as
+    /// `idempotency_key_in_use`): the first attempt is still running.
     KeyInUse,
 }
 
@@ -129,6 +193,7 @@ impl RetryReason {
     pub fn as_str(self) -> &'static str {
         match self {
             RetryReason::ConnectError => "connect-error",
+            RetryReason::ConnectionLost => "connection-lost",
             RetryReason::Timeout => "timeout",
             RetryReason::RequestTimeout => "408-request-timeout",
             RetryReason::TooManyRequests => "429-too-many-requests",
@@ -153,11 +218,17 @@ impl fmt::Display for RetryReason {
 #[serde(tag = "kind", rename_all = "kebab-case")]
 #[non_exhaustive]
 pub enum StopReason {
-    /// The outcome is not on the allowlist (any other 4xx, 501, 505…, or an ambiguous
-    /// transport error).
+    /// The outcome is not on the allowlist (any other 4xx, a 409 that is not in flight, 501,
+    /// 505…, or a transport error that retrying would not fix).
     NotRetryable {
         /// The status, when a response arrived.
         status: Option<u16>,
+    },
+    /// The status is on the allowlist, but the server's problem document says
+    /// `"retryable": false`: the server knows better than the status code.
+    ProblemNotRetryable {
+        /// The status.
+        status: u16,
     },
     /// POST, PATCH or another non-idempotent method without an `Idempotency-Key`
     /// (clause `idem.client.no-key-no-retry`).
@@ -169,7 +240,8 @@ pub enum StopReason {
         /// Attempts made.
         attempts: u32,
     },
-    /// The server's `Retry-After` lands past the deadline: waiting is pointless.
+    /// The server's `Retry-After` lands past the deadline: waiting is pointless, so the response
+    /// that carried it is handed back at once, headers and body intact.
     RetryAfterPastDeadline {
         /// The hint, as a delay from the moment it was read.
         hint: Duration,
@@ -204,6 +276,9 @@ impl fmt::Display for StopReason {
             }
             StopReason::NotRetryable { status: None } => {
                 f.write_str("this transport error is not on the retry allowlist")
+            }
+            StopReason::ProblemNotRetryable { status } => {
+                write!(f, "the {status} response says \"retryable\": false")
             }
             StopReason::NonIdempotentWithoutKey => {
                 f.write_str("a non-idempotent request without an Idempotency-Key is never retried")
@@ -275,14 +350,18 @@ pub struct RetryPolicy {
     pub backoff: Backoff,
     /// The overall deadline of one logical operation, measured from its start.
     pub deadline: Duration,
-    /// `code` values that mean "key in use" on a 409. Defaults to every profile's spelling
-    /// (`idempotency_key_in_use`, Resend's `concurrent_idempotent_requests`), so one client
-    /// works against any API the conformance kit knows.
+    /// The longest one attempt may take; each attempt gets the least of this, what is left of
+    /// the deadline ([`RetryPolicy::timeout_for_attempt`]) and the HTTP client's own timeout.
+    pub attempt_timeout: Duration,
+    /// `code` values that mean "key in use" on a 409 whose problem has no `retryable` member.
+    /// Defaults to every profile's in-flight spelling (`idempotency_key_in_use`, Resend's
+    /// `concurrent_idempotent_requests`), so one client works against any API the conformance
+    /// kit knows.
     pub in_use_codes: Vec<String>,
 }
 
 impl Default for RetryPolicy {
-    /// 3 attempts, full jitter 500 ms / 20 s, 30 s deadline.
+    /// 3 attempts, full jitter 500 ms / 20 s, 30 s deadline, 10 s per attempt.
     fn default() -> Self {
         let mut in_use_codes: Vec<String> = Profile::ALL
             .iter()
@@ -294,6 +373,7 @@ impl Default for RetryPolicy {
             max_attempts: 3,
             backoff: Backoff::default(),
             deadline: DEFAULT_DEADLINE,
+            attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
             in_use_codes,
         }
     }
@@ -305,6 +385,8 @@ impl Default for RetryPolicy {
 pub struct RetryState {
     attempts: u32,
     previous_delay: Option<Duration>,
+    /// What the last retry paid the budget: refunded if the operation then succeeds.
+    last_cost: Option<u32>,
     rng: SplitMix64,
 }
 
@@ -314,6 +396,7 @@ impl RetryState {
         Self {
             attempts: 0,
             previous_delay: None,
+            last_cost: None,
             rng,
         }
     }
@@ -335,10 +418,29 @@ impl RetryState {
 }
 
 impl RetryPolicy {
-    /// What is left of the deadline after `elapsed` (zero once passed). The caller carves each
-    /// attempt's timeout from this (clause `idem.client.deadline`).
+    /// What is left of the deadline after `elapsed` (zero once passed).
     pub fn remaining(&self, elapsed: Duration) -> Duration {
         self.deadline.saturating_sub(elapsed)
+    }
+
+    /// The timeout of an attempt starting `elapsed` into the operation: the least of
+    /// [`RetryPolicy::attempt_timeout`] and what is left of the deadline (clause
+    /// `idem.client.deadline`). The HTTP client's own timeout, when shorter, still applies: the
+    /// middleware never lengthens it.
+    pub fn timeout_for_attempt(&self, elapsed: Duration) -> Duration {
+        self.attempt_timeout.min(self.remaining(elapsed))
+    }
+
+    /// Whether the decision on a response with `status` can depend on its problem body, so the
+    /// mechanism should read a (small, JSON) body's `code` and `retryable` before deciding: a 409
+    /// (in flight or final, the problem says which) and every status the allowlist may retry
+    /// (an explicit `"retryable": false` stops it).
+    pub fn reads_problem(&self, status: u16) -> bool {
+        let safe = RequestFacts {
+            idempotent_method: true,
+            has_key: true,
+        };
+        status == 409 || self.classify(safe, &Outcome::status(status)).is_ok()
     }
 
     /// Classifies an outcome against the allowlist: `Ok(reason)` when it may be retried,
@@ -350,32 +452,48 @@ impl RetryPolicy {
     ) -> Result<(RetryReason, RetryClass), StopReason> {
         use RetryClass::*;
         let (reason, class) = match outcome {
-            Outcome::ConnectError => (RetryReason::ConnectError, Transient),
+            // Never sent: repeating it cannot repeat an effect, whatever the method.
+            Outcome::ConnectError => return Ok((RetryReason::ConnectError, Transient)),
+            Outcome::ConnectionLost => (RetryReason::ConnectionLost, Transient),
             Outcome::Timeout => (RetryReason::Timeout, Transient),
             Outcome::OtherTransport => return Err(StopReason::NotRetryable { status: None }),
             Outcome::Response {
                 status,
                 retry_after,
                 problem_code,
-            } => match status {
-                408 => (RetryReason::RequestTimeout, Transient),
-                429 => (RetryReason::TooManyRequests, Throttling),
-                409 if problem_code
-                    .as_deref()
-                    .is_some_and(|c| self.in_use_codes.iter().any(|k| k == c)) =>
-                {
-                    (RetryReason::KeyInUse, Throttling)
+                problem_retryable,
+            } => {
+                let status = *status;
+                let row = match status {
+                    408 => (RetryReason::RequestTimeout, Transient),
+                    409 => {
+                        // The problem's own `retryable` wins; without it, the in-flight codes.
+                        let in_flight = problem_retryable.unwrap_or_else(|| {
+                            problem_code
+                                .as_deref()
+                                .is_some_and(|c| self.in_use_codes.iter().any(|k| k == c))
+                        });
+                        if !in_flight {
+                            return Err(StopReason::NotRetryable { status: Some(409) });
+                        }
+                        (RetryReason::KeyInUse, Throttling)
+                    }
+                    429 => (RetryReason::TooManyRequests, Throttling),
+                    500 => (RetryReason::InternalErrorWithKey, Transient),
+                    502 => (RetryReason::BadGateway, Transient),
+                    503 if retry_after.is_some() => (RetryReason::ServiceUnavailable, Throttling),
+                    503 => (RetryReason::ServiceUnavailable, Transient),
+                    504 => (RetryReason::GatewayTimeout, Transient),
+                    s => return Err(StopReason::NotRetryable { status: Some(s) }),
+                };
+                if *problem_retryable == Some(false) {
+                    return Err(StopReason::ProblemNotRetryable { status });
                 }
-                500 if facts.has_key => (RetryReason::InternalErrorWithKey, Transient),
-                500 => return Err(StopReason::ServerErrorWithoutKey),
-                502 => (RetryReason::BadGateway, Transient),
-                503 if retry_after.is_some() => (RetryReason::ServiceUnavailable, Throttling),
-                503 => (RetryReason::ServiceUnavailable, Transient),
-                504 => (RetryReason::GatewayTimeout, Transient),
-                s => {
-                    return Err(StopReason::NotRetryable { status: Some(*s) });
+                if status == 500 && !facts.has_key {
+                    return Err(StopReason::ServerErrorWithoutKey);
                 }
-            },
+                row
+            }
         };
         if !facts.idempotent_method && !facts.has_key {
             return Err(StopReason::NonIdempotentWithoutKey);
@@ -384,7 +502,9 @@ impl RetryPolicy {
     }
 
     /// Records one attempt's outcome and decides. `elapsed` is the time since the operation
-    /// started, read when the outcome arrived; `budget` is the client's shared bucket, if any.
+    /// started, read when the outcome arrived; `budget` is the bucket of the service called (the
+    /// middleware keeps one per origin), if any. A 2xx refunds it: 1 token on a first attempt,
+    /// the last retry's cost after retries (see [`crate::budget`]).
     pub fn decide(
         &self,
         state: &mut RetryState,
@@ -395,8 +515,10 @@ impl RetryPolicy {
     ) -> Decision {
         state.attempts += 1;
         if outcome.is_success() {
-            if let Some(b) = budget {
-                b.on_success();
+            if let Some(b) = budget
+                && outcome.is_2xx()
+            {
+                b.on_success(state.last_cost);
             }
             return Decision::Done;
         }
@@ -446,6 +568,9 @@ impl RetryPolicy {
             },
         };
         state.previous_delay = Some(backoff);
+        if budget_left.is_some() {
+            state.last_cost = Some(cost);
+        }
         Decision::Retry(RetryPlan {
             failed_attempt: state.attempts,
             reason,
@@ -543,5 +668,12 @@ mod tests {
             }
         }
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn the_problem_body_is_read_exactly_where_it_can_change_the_decision() {
+        let p = RetryPolicy::default();
+        let read: Vec<u16> = (100..600).filter(|s| p.reads_problem(*s)).collect();
+        assert_eq!(read, [408, 409, 429, 500, 502, 503, 504]);
     }
 }

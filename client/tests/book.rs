@@ -106,11 +106,9 @@ fn the_default_policy_replays_the_books_worked_schedules() {
     let mut state = RetryState::seeded(SEED);
     let script = [
         Outcome::status(503),
-        Outcome::Response {
-            status: 409,
-            retry_after: Some(Duration::from_secs(2)),
-            problem_code: Some("idempotency_key_in_use".into()),
-        },
+        Outcome::status(409)
+            .with_retry_after(Duration::from_secs(2))
+            .with_problem(Some("idempotency_key_in_use"), None),
     ];
     let drawn = backoff.schedule(SEED, 2);
     for (i, outcome) in script.iter().enumerate() {
@@ -129,14 +127,15 @@ fn the_default_policy_replays_the_books_worked_schedules() {
         assert_eq!(a[i][6], book_ms(plan.delay), "waits, retry {}", i + 1);
     }
 
-    // Schedule B: every attempt times out after what is left of the 30 s deadline, at most 10 s;
-    // the third attempt's timeout is what the policy leaves after the second sleep.
+    // Schedule B: every attempt times out after what is left of the 30 s deadline, at most
+    // 10 s (the default attempt timeout); the third attempt's timeout is what the policy leaves
+    // after the second sleep.
     let b = book_table("tables/schedule-b.md");
-    let attempt_timeout = Duration::from_secs(10);
+    assert_eq!(policy.attempt_timeout, Duration::from_secs(10));
     let mut state = RetryState::seeded(SEED);
     let mut elapsed = Duration::ZERO;
     for (i, row) in b.iter().enumerate() {
-        let timeout = attempt_timeout.min(policy.remaining(elapsed));
+        let timeout = policy.timeout_for_attempt(elapsed);
         assert_eq!(row[1], book_ms(elapsed), "start of attempt {}", i + 1);
         assert_eq!(row[2], book_ms(timeout), "timeout of attempt {}", i + 1);
         elapsed += timeout;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use idem_client::rng::SplitMix64;
 use idem_client::{
-    Backoff, Deadline, Error, HookVerdict, ManualClock, RetryBudget, RetryEvent, RetryMiddleware,
-    RetryReason, RetryReport, StopReason, derive_key,
+    AttemptInfo, Backoff, Deadline, Error, HookVerdict, ManualClock, RetryBudget, RetryEvent,
+    RetryMiddleware, RetryPolicy, RetryReason, RetryReport, StopReason, derive_key,
 };
 use idem_spec::headers::IDEMPOTENCY_KEY;
 use idem_spec::{ErrorCode, IdempotencyKey};
@@ -100,9 +100,10 @@ async fn retries_503_then_409_in_use_then_201_with_one_key() -> Result<(), reqwe
     assert_eq!(report.delays, want);
     assert!(want[0] >= Duration::from_secs(1) && want[1] >= Duration::from_secs(2));
 
-    // Two throttling retries (503 with Retry-After, 409 in use) cost 5 each; the 201 refunds 1.
-    assert_eq!(budget.available(), 500 - 5 - 5 + 1);
-    assert_eq!(report.budget_left, Some(491));
+    // Two throttling retries (503 with Retry-After, 409 in use) cost 5 each; the 201 after
+    // them refunds the last retry's 5 (the AWS standard mode's rule).
+    assert_eq!(budget.available(), 500 - 5 - 5 + 5);
+    assert_eq!(report.budget_left, Some(495));
     Ok(())
 }
 
@@ -246,50 +247,55 @@ async fn a_final_4xx_is_handed_back_after_one_attempt() {
 
 // clause: idem.client.retry-after, idem.client.deadline
 #[tokio::test]
-async fn a_retry_after_past_the_deadline_fails_at_once_with_the_hint() {
+async fn a_retry_after_past_the_deadline_hands_back_that_response_at_once() {
     let (url, script) = serve(vec![Answer {
-        status: 503,
+        status: 429,
         retry_after: Some("120"),
-        code: None,
+        code: Some("rate_limited"),
     }])
     .await;
-    let client = client(RetryMiddleware::default().with_clock(ManualClock::default()));
-    let err = client
+    let clock = ManualClock::default();
+    let client = client(RetryMiddleware::default().with_clock(clock.clone()));
+    let resp = client
         .post(&url)
         .with_extension(Deadline::Within(Duration::from_secs(10)))
         .body("{}")
         .send()
         .await
-        .expect_err("the hint is past the deadline");
-    let reqwest_middleware::Error::Middleware(e) = err else {
-        panic!("expected a middleware error, got {err:?}")
-    };
-    match e.downcast_ref::<Error>() {
-        Some(Error::RetryAfterPastDeadline {
-            hint,
-            remaining,
-            attempts,
-            key,
-            status,
-        }) => {
-            assert_eq!(*hint, Duration::from_secs(120));
-            assert_eq!(*remaining, Duration::from_secs(10));
-            assert_eq!(*attempts, 1);
-            assert_eq!(*status, 503);
-            assert_eq!(
-                key.as_ref().map(IdempotencyKey::to_string),
-                keys(&script)[0].clone()
-            );
-        }
-        other => panic!("expected RetryAfterPastDeadline, got {other:?}"),
-    }
+        .expect("the 429 itself, not an error");
+    // The caller gets the server's answer, headers and body intact, to decide for itself.
+    assert_eq!(resp.status().as_u16(), 429);
+    assert_eq!(
+        resp.headers().get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"120"[..])
+    );
+    let r = report(&resp);
+    assert_eq!(
+        r.stopped,
+        Some(StopReason::RetryAfterPastDeadline {
+            hint: Duration::from_secs(120),
+            remaining: Duration::from_secs(10),
+        })
+    );
+    assert_eq!(r.attempts, 1);
+    assert_eq!(
+        r.key.as_ref().map(IdempotencyKey::to_string),
+        keys(&script)[0].clone()
+    );
+    let body: serde_json::Value = resp.json().await.expect("the problem body, unread before");
+    assert_eq!(body["code"], "rate_limited");
+    // No sleep was started: waiting would only have ended past the deadline.
+    assert!(clock.sleeps().is_empty());
     assert_eq!(keys(&script).len(), 1);
 }
 
-/// An inner middleware that records each attempt's timeout, to check it is carved from the
-/// deadline rather than reset.
+/// An inner middleware that records, for each attempt, the request's own timeout (which the
+/// retry middleware must leave alone) and the attempt's timeout it announces.
 #[derive(Clone, Default)]
-struct RecordTimeouts(Arc<Mutex<Vec<Option<Duration>>>>);
+struct RecordTimeouts(Arc<Mutex<Vec<Seen>>>);
+
+/// The request's own timeout and the attempt the retry middleware announced.
+type Seen = (Option<Duration>, Option<AttemptInfo>);
 
 #[async_trait::async_trait]
 impl Middleware for RecordTimeouts {
@@ -299,14 +305,17 @@ impl Middleware for RecordTimeouts {
         extensions: &mut http::Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
-        self.0.lock().expect("lock").push(req.timeout().copied());
+        self.0.lock().expect("lock").push((
+            req.timeout().copied(),
+            extensions.get::<AttemptInfo>().copied(),
+        ));
         next.run(req, extensions).await
     }
 }
 
 // clause: idem.client.deadline
 #[tokio::test]
-async fn each_attempt_timeout_is_what_remains_of_one_deadline() {
+async fn each_attempt_timeout_is_carved_from_one_deadline_without_touching_the_request() {
     let (url, _script) = serve(vec![answer(504), answer(504), answer(200)]).await;
     let clock = ManualClock::default();
     let timeouts = RecordTimeouts::default();
@@ -328,11 +337,44 @@ async fn each_attempt_timeout_is_what_remains_of_one_deadline() {
     let s = clock.sleeps();
     assert_eq!(s.len(), 2);
     let d = Duration::from_secs(8);
+    let info = |number, timeout| Some(AttemptInfo { number, timeout });
+    // The 8 s deadline is shorter than the 10 s attempt timeout, so it is what each attempt
+    // gets; the request's own timeout stays unset, so a client timeout would still apply.
     assert_eq!(
         *timeouts.0.lock().expect("lock"),
-        vec![Some(d), Some(d - s[0]), Some(d - s[0] - s[1])]
+        vec![
+            (None, info(1, d)),
+            (None, info(2, d - s[0])),
+            (None, info(3, d - s[0] - s[1]))
+        ]
     );
     assert_eq!(report(&resp).remaining, d - s[0] - s[1]);
+
+    // A caller's own per-request timeout is passed on unchanged; the attempt timeout is the
+    // policy's when it is shorter than what is left of the deadline.
+    let (url, _script) = serve(vec![answer(503), answer(200)]).await;
+    let timeouts = RecordTimeouts::default();
+    let policy = RetryPolicy {
+        attempt_timeout: Duration::from_secs(2),
+        ..RetryPolicy::default()
+    };
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new(policy).with_clock(ManualClock::default()))
+        .with(timeouts.clone())
+        .build();
+    let resp = client
+        .get(&url)
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .expect("200");
+    assert_eq!(resp.status().as_u16(), 200);
+    let five = Some(Duration::from_secs(5));
+    let two = Duration::from_secs(2);
+    assert_eq!(
+        *timeouts.0.lock().expect("lock"),
+        vec![(five, info(1, two)), (five, info(2, two))]
+    );
 }
 
 // clause: idem.client.observability
@@ -401,6 +443,32 @@ async fn connect_errors_are_retried_up_to_the_cap_then_reported() {
         other => panic!("expected GaveUp, got {other:?}"),
     }
     assert_eq!(clock.sleeps().len(), 2);
+
+    // A refused connection proves the request was never sent, so even a POST without a key
+    // (auto keys off) is retried.
+    let clock = ManualClock::default();
+    let keyless = self::client(
+        RetryMiddleware::default()
+            .auto_keys(false)
+            .with_clock(clock.clone()),
+    );
+    let err = keyless
+        .post(format!("http://{addr}/orders"))
+        .body("{}")
+        .send()
+        .await
+        .expect_err("nothing listens");
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("expected a middleware error, got {err:?}")
+    };
+    let e = e.downcast_ref::<Error>().expect("an idem-client error");
+    assert!(
+        matches!(e, Error::GaveUp { reason: StopReason::AttemptsExhausted { attempts: 3 }, source, .. }
+            if source.reqwest().is_some_and(reqwest::Error::is_connect)),
+        "{e:?}"
+    );
+    assert_eq!(e.key(), None);
+    assert_eq!(clock.sleeps().len(), 2);
 }
 
 // clause: idem.client.budget
@@ -463,4 +531,52 @@ async fn a_deadline_already_passed_sends_nothing() {
         "{e:?}"
     );
     assert!(keys(&script).is_empty());
+}
+
+// clause: idem.client.deadline
+#[tokio::test]
+async fn a_policy_without_limits_does_not_overflow_the_attempt_timer() {
+    let (url, _script) = serve(vec![answer(503), answer(200)]).await;
+    let policy = RetryPolicy {
+        attempt_timeout: Duration::MAX,
+        deadline: Duration::MAX,
+        ..RetryPolicy::default()
+    };
+    let client = client(RetryMiddleware::new(policy).with_clock(ManualClock::default()));
+    let resp = client
+        .get(&url)
+        .send()
+        .await
+        .expect("200 on the second attempt");
+    assert_eq!(resp.status().as_u16(), 200);
+    assert_eq!(report(&resp).attempts, 2);
+    // The body is still readable through the (far) attempt deadline.
+    assert_eq!(resp.text().await.expect("body"), r#"{"id":"ord_1"}"#);
+}
+
+// clause: idem.client.budget
+#[tokio::test]
+async fn a_body_that_can_be_sent_once_is_sent_once_and_costs_no_tokens() {
+    let (url, script) = serve(vec![answer(503), answer(201)]).await;
+    let budget = RetryBudget::default();
+    let client = client(
+        RetryMiddleware::default()
+            .with_budget(budget.clone())
+            .with_clock(ManualClock::default()),
+    );
+    // A streaming body (here a wrapped String) cannot be cloned for a second attempt.
+    let resp = client
+        .post(&url)
+        .body(reqwest::Body::wrap(String::from(r#"{"sku":"A-1"}"#)))
+        .send()
+        .await
+        .expect("the 503");
+    assert_eq!(resp.status().as_u16(), 503);
+    let r = report(&resp);
+    assert_eq!(r.stopped, Some(StopReason::BodyNotReplayable));
+    assert_eq!(r.attempts, 1);
+    assert!(r.key.is_some(), "the one attempt still carries a key");
+    assert_eq!(keys(&script).len(), 1);
+    // The retry the policy would have paid for did not happen: its tokens are back.
+    assert_eq!(budget.available(), 500);
 }

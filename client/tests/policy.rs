@@ -32,7 +32,12 @@ fn response(status: u16, retry_after: Option<Duration>, code: Option<&str>) -> O
         status,
         retry_after,
         problem_code: code.map(str::to_owned),
+        problem_retryable: None,
     }
+}
+
+fn problem(status: u16, code: Option<&str>, retryable: Option<bool>) -> Outcome {
+    Outcome::status(status).with_problem(code, retryable)
 }
 
 /// One decision on a fresh operation at t = 0, with a fresh default budget.
@@ -60,6 +65,11 @@ fn every_allowlist_row_is_retried_with_its_class() {
     let in_use = Some("idempotency_key_in_use");
     let rows: Vec<(Outcome, RetryReason, RetryClass)> = vec![
         (Outcome::ConnectError, RetryReason::ConnectError, Transient),
+        (
+            Outcome::ConnectionLost,
+            RetryReason::ConnectionLost,
+            Transient,
+        ),
         (Outcome::Timeout, RetryReason::Timeout, Transient),
         (
             response(408, None, None),
@@ -143,10 +153,173 @@ fn every_other_4xx_and_unlisted_5xx_is_refused() {
             Decision::Stop(StopReason::NotRetryable { status: Some(409) })
         );
     }
-    // A reset mid-response may have been processed: not on the allowlist.
+    // A failure that is not a lost connection (an unparsable response, a redirect loop) is
+    // not on the allowlist.
     assert_eq!(
         first(get(), Outcome::OtherTransport),
         Decision::Stop(StopReason::NotRetryable { status: None })
+    );
+}
+
+// clause: idem.client.allowlist, idem.client.no-key-no-retry
+#[test]
+fn transport_failures_are_retried_by_what_they_prove_about_the_request() {
+    // Maybe processed (lost connection, timeout): retried exactly when repeating is safe.
+    for outcome in [Outcome::ConnectionLost, Outcome::Timeout] {
+        for (method, key, safe) in [
+            ("GET", false, true),
+            ("HEAD", false, true),
+            ("PUT", false, true),
+            ("DELETE", false, true),
+            ("POST", true, true),
+            ("PATCH", true, true),
+            ("POST", false, false),
+            ("PATCH", false, false),
+        ] {
+            let d = first(RequestFacts::new(method, key), outcome.clone());
+            if safe {
+                assert!(
+                    retried(&d).is_some(),
+                    "{outcome:?} {method} key={key}: {d:?}"
+                );
+            } else {
+                assert_eq!(
+                    d,
+                    Decision::Stop(StopReason::NonIdempotentWithoutKey),
+                    "{outcome:?} {method} key={key}"
+                );
+            }
+        }
+    }
+    // Never sent (connection refused): retried for any request, even a POST without a key.
+    for (method, key) in [
+        ("POST", false),
+        ("PATCH", false),
+        ("CUSTOM", false),
+        ("GET", false),
+    ] {
+        assert_eq!(
+            retried(&first(
+                RequestFacts::new(method, key),
+                Outcome::ConnectError
+            )),
+            Some((RetryReason::ConnectError, RetryClass::Transient)),
+            "{method}"
+        );
+    }
+}
+
+// clause: idem.client.allowlist
+#[test]
+fn a_409_is_retried_when_its_problem_says_in_flight() {
+    let in_flight = Some((RetryReason::KeyInUse, RetryClass::Throttling));
+    // Every profile's in-flight code, with or without the `retryable` member.
+    for code in ["idempotency_key_in_use", "concurrent_idempotent_requests"] {
+        assert_eq!(
+            retried(&first(post_with_key(), problem(409, Some(code), None))),
+            in_flight
+        );
+        assert_eq!(
+            retried(&first(
+                post_with_key(),
+                problem(409, Some(code), Some(true))
+            )),
+            in_flight
+        );
+    }
+    // `retryable` decides when present: a 409 with an unknown code that says it is retryable
+    // is in flight; one that says it is not is final, whatever its code.
+    assert_eq!(
+        retried(&first(
+            post_with_key(),
+            problem(409, Some("vendor_busy"), Some(true))
+        )),
+        in_flight
+    );
+    assert_eq!(
+        retried(&first(post_with_key(), problem(409, None, Some(true)))),
+        in_flight
+    );
+    for code in [
+        Some("idempotency_key_in_use"),
+        Some("invalid_idempotent_request"),
+        None,
+    ] {
+        assert_eq!(
+            first(post_with_key(), problem(409, code, Some(false))),
+            Decision::Stop(StopReason::NotRetryable { status: Some(409) }),
+            "{code:?}"
+        );
+    }
+    // Every profile's mismatch spelling without the member: final.
+    for code in [
+        "idempotency_key_mismatch",
+        "invalid_idempotent_request",
+        "idempotency_error",
+    ] {
+        assert_eq!(
+            first(post_with_key(), problem(409, Some(code), None)),
+            Decision::Stop(StopReason::NotRetryable { status: Some(409) })
+        );
+    }
+}
+
+// clause: idem.client.allowlist
+#[test]
+fn a_problem_saying_retryable_false_is_never_retried() {
+    for status in [408u16, 429, 500, 502, 503, 504] {
+        assert_eq!(
+            first(
+                post_with_key(),
+                problem(status, Some("vendor_final"), Some(false))
+            ),
+            Decision::Stop(StopReason::ProblemNotRetryable { status }),
+            "{status}"
+        );
+        assert!(
+            retried(&first(
+                post_with_key(),
+                problem(status, Some("x"), Some(true))
+            ))
+            .is_some(),
+            "{status}"
+        );
+    }
+    // `retryable: true` never puts another 4xx on the allowlist.
+    for status in [400u16, 401, 404, 422] {
+        assert_eq!(
+            first(post_with_key(), problem(status, None, Some(true))),
+            Decision::Stop(StopReason::NotRetryable {
+                status: Some(status)
+            })
+        );
+    }
+}
+
+// clause: idem.client.deadline
+#[test]
+fn each_attempt_gets_the_least_of_its_timeout_and_the_deadline_left() {
+    let p = policy();
+    assert_eq!(p.attempt_timeout, Duration::from_secs(10));
+    assert_eq!(
+        p.timeout_for_attempt(Duration::ZERO),
+        Duration::from_secs(10)
+    );
+    assert_eq!(
+        p.timeout_for_attempt(Duration::from_millis(20_531)),
+        Duration::from_millis(9_469)
+    );
+    assert_eq!(
+        p.timeout_for_attempt(Duration::from_secs(31)),
+        Duration::ZERO
+    );
+    let short = RetryPolicy {
+        attempt_timeout: Duration::from_millis(300),
+        ..policy()
+    };
+    assert_eq!(
+        short.timeout_for_attempt(Duration::from_secs(29)),
+        Duration::from_millis(300)
     );
 }
 
@@ -177,7 +350,7 @@ fn a_500_is_retried_only_with_a_key() {
 fn non_idempotent_requests_without_a_key_are_never_retried() {
     for method in ["POST", "PATCH", "CONNECT", "CUSTOM"] {
         for outcome in [
-            Outcome::ConnectError,
+            Outcome::ConnectionLost,
             Outcome::Timeout,
             response(503, None, None),
             response(429, None, None),
@@ -467,7 +640,8 @@ fn refusals_before_the_budget_cost_nothing() {
         (get(), response(404, None, None)),
         (get(), response(500, None, None)),
         (get(), Outcome::OtherTransport),
-        (post_without_key(), Outcome::ConnectError),
+        (post_without_key(), Outcome::ConnectionLost),
+        (post_with_key(), problem(503, None, Some(false))),
     ] {
         let d = p.decide(
             &mut RetryState::seeded(1),

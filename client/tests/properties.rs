@@ -17,6 +17,7 @@ fn outcome() -> impl Strategy<Value = Outcome> {
     prop_oneof![
         Just(Outcome::ConnectError),
         Just(Outcome::Timeout),
+        Just(Outcome::ConnectionLost),
         Just(Outcome::OtherTransport),
         (
             prop::sample::select(vec![
@@ -26,12 +27,15 @@ fn outcome() -> impl Strategy<Value = Outcome> {
             prop::option::of(prop::sample::select(vec![
                 "idempotency_key_in_use",
                 "idempotency_key_mismatch",
+                "concurrent_idempotent_requests",
             ])),
+            prop::option::of(any::<bool>()),
         )
-            .prop_map(|(status, ra, code)| Outcome::Response {
+            .prop_map(|(status, ra, code, retryable)| Outcome::Response {
                 status,
                 retry_after: ra.map(Duration::from_millis),
                 problem_code: code.map(str::to_owned),
+                problem_retryable: retryable,
             }),
     ]
 }
@@ -91,10 +95,14 @@ proptest! {
                     prop_assert!(elapsed + plan.delay < p.deadline);
                     prop_assert_eq!(plan.remaining_after_sleep, p.deadline - elapsed - plan.delay);
                     if let Some(h) = plan.retry_after { prop_assert!(plan.delay >= h); }
-                    prop_assert!(facts.idempotent_method || facts.has_key);
+                    // Only a request that was never sent is retried whatever its method and key.
+                    if !matches!(out, Outcome::ConnectError) {
+                        prop_assert!(facts.idempotent_method || facts.has_key);
+                    }
                     prop_assert!(!matches!(out, Outcome::OtherTransport));
-                    if let Outcome::Response { status, .. } = out {
+                    if let Outcome::Response { status, problem_retryable, .. } = out {
                         prop_assert!([408, 409, 429, 500, 502, 503, 504].contains(status));
+                        prop_assert_ne!(*problem_retryable, Some(false));
                         if *status == 500 { prop_assert!(facts.has_key); }
                     }
                     elapsed += plan.delay;

@@ -12,7 +12,7 @@ fn book_sim_dir() -> PathBuf {
         .join(sim::BOOK_SIM_DIR)
 }
 
-const REGENERATE: &str = "cargo run --release -p idem-client --bin idem-sim";
+const REGENERATE: &str = "cargo run --release -p idem-client --features sim --bin idem-sim";
 
 #[test]
 fn committed_quick_sweep_and_outage_outputs_are_current() {
@@ -45,7 +45,7 @@ fn committed_full_sweep_was_made_with_the_current_parameters() {
 }
 
 /// Regenerates everything and compares byte for byte. Slow in debug; run it in release:
-/// `cargo test --release -p idem-client --test sim -- --ignored`.
+/// `cargo test --release -p idem-client --features sim --test sim -- --ignored`.
 #[test]
 #[ignore = "full 100-run sweep; run in release"]
 fn committed_full_sweep_is_current() {

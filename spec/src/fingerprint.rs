@@ -8,6 +8,16 @@
 //! byte for byte. Headers are deliberately left out: they change between
 //! retries (tracing IDs, dates) without changing what the client asked for.
 //!
+//! JCS writes every number as the IEEE 754 double nearest to it, so it is
+//! only injective on I-JSON (RFC 7493) numbers: `9007199254740993` and
+//! `9007199254740992` would both become `9007199254740992`, and a retry
+//! with the other amount would be replayed instead of refused. A JSON body
+//! holding any number that its double does not state exactly (an integer
+//! past 2^53, more digits than a double keeps, a magnitude outside the
+//! double range such as `1e400`) is therefore hashed as its bytes: never a
+//! collision, at the price that only a byte-identical retry of such a body
+//! matches (see [`numbers_are_exact_in_jcs`]).
+//!
 //! The framing (see [`Fingerprint::compute`]) is published with test vectors
 //! (`spec/generated/fingerprint-vectors.json`) so other implementations can
 //! check themselves against this one.
@@ -97,11 +107,102 @@ impl Fingerprint {
 pub fn canonical_body(content_type: Option<&str>, body: &[u8]) -> (BodyKind, Vec<u8>) {
     if content_type.is_some_and(is_json_media_type)
         && let Ok(value) = serde_json::from_slice::<serde_json::Value>(body)
+        && numbers_are_exact_in_jcs(body)
         && let Ok(canonical) = serde_json_canonicalizer::to_vec(&value)
     {
         return (BodyKind::Json, canonical);
     }
     (BodyKind::Bytes, body.to_vec())
+}
+
+/// Whether JCS writes every number of the JSON text `json` with exactly
+/// the value the text states, so that canonicalising loses nothing.
+///
+/// JCS (RFC 8785 section 3.2.2.3) serialises a number as the shortest
+/// decimal that round-trips its nearest double. That decimal equals the
+/// written value for `100`, `1.0E2`, `0.1` or `-0` (which is `0`), but not
+/// for `9007199254740993` (JCS: `9007199254740992`),
+/// `0.1000000000000000000001` (JCS: `0.1`) or `1e400` (no double at all).
+/// `json` must already have parsed as JSON: the scan only has to find the
+/// number tokens outside strings.
+pub fn numbers_are_exact_in_jcs(json: &[u8]) -> bool {
+    let mut i = 0;
+    let mut in_string = false;
+    while i < json.len() {
+        let b = json[i];
+        if in_string {
+            match b {
+                b'\\' => i += 1,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            i += 1;
+            continue;
+        }
+        if b == b'"' {
+            in_string = true;
+            i += 1;
+            continue;
+        }
+        if b == b'-' || b.is_ascii_digit() {
+            let start = i;
+            while i < json.len()
+                && matches!(json[i], b'-' | b'+' | b'.' | b'e' | b'E' | b'0'..=b'9')
+            {
+                i += 1;
+            }
+            let Ok(token) = std::str::from_utf8(&json[start..i]) else {
+                return false;
+            };
+            if !number_survives_jcs(token) {
+                return false;
+            }
+            continue;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Whether the nearest double of `token`, written as its shortest
+/// round-tripping decimal (what JCS prints, up to layout), has the very
+/// value `token` states.
+fn number_survives_jcs(token: &str) -> bool {
+    let Ok(double) = token.parse::<f64>() else {
+        return false;
+    };
+    // Rust's `{:e}` prints the shortest digits that round-trip, as
+    // ECMAScript's Number::toString does.
+    double.is_finite() && exact_decimal(token) == exact_decimal(&format!("{double:e}"))
+}
+
+/// The value of a JSON number (or of Rust's `{:e}` output) as significant
+/// digits and a power of ten, with no leading or trailing zero digit, so
+/// that two texts have the same value exactly when their results are
+/// equal. Zero, of either sign, is `("", 0)`; `None` for malformed text.
+fn exact_decimal(text: &str) -> Option<(bool, String, i64)> {
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, text),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], rest[at + 1..].parse::<i64>().ok()?),
+        None => (rest, 0),
+    };
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if int.is_empty() || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let digits = format!("{int}{frac}");
+    let frac_len = i64::try_from(frac.len()).ok()?;
+    let trimmed_end = digits.trim_end_matches('0');
+    let trailing = i64::try_from(digits.len() - trimmed_end.len()).ok()?;
+    let significant = trimmed_end.trim_start_matches('0');
+    if significant.is_empty() {
+        return Some((false, String::new(), 0));
+    }
+    let power = exponent.checked_sub(frac_len)?.checked_add(trailing)?;
+    Some((negative, significant.to_owned(), power))
 }
 
 /// True for `application/json` and any `type/subtype+json`, case-insensitive,
@@ -178,7 +279,7 @@ pub struct FingerprintVector {
 /// The published fingerprint test vectors, computed by this implementation.
 /// Pairs of vectors that must agree (or differ) are checked by the tests.
 pub fn vectors() -> Vec<FingerprintVector> {
-    let cases: [(&str, &str, &str, Option<&str>, &str); 10] = [
+    let cases: [(&str, &str, &str, Option<&str>, &str); 16] = [
         (
             "JSON body, compact",
             "POST",
@@ -243,6 +344,48 @@ pub fn vectors() -> Vec<FingerprintVector> {
             "{not json",
         ),
         ("Empty body, no content type", "POST", "/v1/ping", None, ""),
+        (
+            "2^53, the last integer a double holds exactly: JCS",
+            "POST",
+            "/v1/transfers",
+            Some("application/json"),
+            r#"{"amount": 9007199254740992}"#,
+        ),
+        (
+            "2^53 + 1: JCS would round it to 2^53, so the body is hashed as bytes and differs from the vector above",
+            "POST",
+            "/v1/transfers",
+            Some("application/json"),
+            r#"{"amount": 9007199254740993}"#,
+        ),
+        (
+            "More decimal digits than a double keeps: bytes, not JCS's 0.1",
+            "POST",
+            "/v1/transfers",
+            Some("application/json"),
+            r#"{"rate": 0.1000000000000000000001}"#,
+        ),
+        (
+            "-0 is the number 0: JCS writes 0",
+            "POST",
+            "/v1/transfers",
+            Some("application/json"),
+            r#"{"amount": -0}"#,
+        ),
+        (
+            "0: the same digest as -0",
+            "POST",
+            "/v1/transfers",
+            Some("application/json"),
+            r#"{"amount":0}"#,
+        ),
+        (
+            "1e400 has no double: bytes",
+            "POST",
+            "/v1/transfers",
+            Some("application/json"),
+            r#"{"amount": 1e400}"#,
+        ),
     ];
     cases
         .iter()
@@ -285,6 +428,65 @@ mod tests {
             "{\"n\":100,\"s\":\"é€\",\"z\":[3,2,1]}"
         );
         assert_eq!(v[8].body_kind, BodyKind::Bytes);
+        assert_eq!(v[10].body_kind, BodyKind::Json);
+        assert_eq!(v[10].canonical_body, r#"{"amount":9007199254740992}"#);
+        assert_eq!(v[11].body_kind, BodyKind::Bytes);
+        assert_ne!(v[10].sha256, v[11].sha256, "2^53 + 1 is not 2^53");
+        assert_eq!(v[12].body_kind, BodyKind::Bytes);
+        assert_eq!(v[13].canonical_body, r#"{"amount":0}"#);
+        assert_eq!(v[13].sha256, v[14].sha256, "-0 is 0");
+        assert_eq!(v[15].body_kind, BodyKind::Bytes);
+    }
+
+    // clause: idem.fingerprint.inputs
+    #[test]
+    fn numbers_jcs_states_exactly_are_recognised() {
+        for exact in [
+            "0",
+            "-0",
+            "100",
+            "1.0E2",
+            "0.1",
+            "-1.5",
+            "1e21",
+            "5e-324",
+            "123456789012",
+            "9007199254740992",
+            "-9007199254740992",
+            "1.7976931348623157e308",
+            "0.30000000000000004",
+        ] {
+            assert!(number_survives_jcs(exact), "{exact} survives JCS");
+        }
+        for lossy in [
+            "9007199254740993",
+            "18446744073709551617",
+            "0.1000000000000000000001",
+            "1e400",
+            "-1e400",
+            "1e-400",
+            "3.14159265358979323846264338327950288",
+        ] {
+            assert!(!number_survives_jcs(lossy), "{lossy} does not survive JCS");
+        }
+        // Digits inside strings are not numbers.
+        assert!(numbers_are_exact_in_jcs(
+            br#"{"id":"9007199254740993","n":1}"#
+        ));
+        assert!(numbers_are_exact_in_jcs(br#"{"s":"a\"9007199254740993"}"#));
+        assert!(!numbers_are_exact_in_jcs(
+            br#"{"s":"a\\","n":9007199254740993}"#
+        ));
+    }
+
+    #[test]
+    fn exact_decimal_normalises_layout_only() {
+        assert_eq!(exact_decimal("1.0E2"), exact_decimal("100"));
+        assert_eq!(exact_decimal("100"), Some((false, "1".into(), 2)));
+        assert_eq!(exact_decimal("-0.00"), Some((false, String::new(), 0)));
+        assert_eq!(exact_decimal("0.0012e3"), exact_decimal("1.2"));
+        assert_ne!(exact_decimal("1.2"), exact_decimal("-1.2"));
+        assert_eq!(exact_decimal("1.x"), None);
     }
 
     #[test]

@@ -1,11 +1,14 @@
-//! Writes the golden backoff schedules to `client/vectors/backoff.json` and the book's worked
-//! schedule to `book/src/sim/backoff-schedule.md`.
+//! Writes the golden backoff schedules to `client/vectors/backoff.json`, the book's worked
+//! schedule to `book/src/sim/backoff-schedule.md` and the client's decision table to
+//! `book/src/tables/client-decisions.md`.
+//!
+//! No `anyhow` here: this binary ships without the `sim` feature, and an I/O error with its path
+//! is all it can report.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
-use anyhow::Context;
-
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     for (rel, text) in [
         (
@@ -16,10 +19,17 @@ fn main() -> anyhow::Result<()> {
             idem_client::vectors::SCHEDULE_TABLE_PATH,
             idem_client::vectors::schedule_markdown(),
         ),
+        (
+            idem_client::decisions::DECISIONS_TABLE_PATH,
+            idem_client::decisions::markdown(),
+        ),
     ] {
         let path = root.join(rel);
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        if let Err(e) = std::fs::write(&path, text) {
+            eprintln!("idem-client-vectors: writing {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
         println!("wrote {rel}");
     }
-    Ok(())
+    ExitCode::SUCCESS
 }

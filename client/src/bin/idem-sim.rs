@@ -3,8 +3,8 @@
 //! plots the book shows (`book/src/sim/`).
 //!
 //! ```text
-//! cargo run --release -p idem-client --bin idem-sim            # full run, rewrites book/src/sim
-//! cargo run --release -p idem-client --bin idem-sim -- --check # fail if the committed files are stale
+//! cargo run --release -p idem-client --features sim --bin idem-sim            # full run, rewrites book/src/sim
+//! cargo run --release -p idem-client --features sim --bin idem-sim -- --check # fail if the committed files are stale
 //! ```
 
 use std::path::PathBuf;
@@ -84,7 +84,7 @@ fn main() -> anyhow::Result<()> {
         let stale = sim::stale(&out, &artifacts);
         if !stale.is_empty() {
             bail!(
-                "stale in {}: {}; rerun `cargo run --release -p idem-client --bin idem-sim`",
+                "stale in {}: {}; rerun `cargo run --release -p idem-client --features sim --bin idem-sim`",
                 out.display(),
                 stale.join(", ")
             );

@@ -11,6 +11,15 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use idem_spec::headers::IDEMPOTENCY_KEY;
 use idem_spec::problem::PROBLEM_CONTENT_TYPE;
+use idem_spec::{ErrorCode, Profile};
+
+/// The `retryable` member the contract gives `code` (in any profile's spelling), as a server
+/// following it would send it; false for a code the contract does not know.
+pub fn contract_retryable(code: &str) -> bool {
+    ErrorCode::ALL
+        .iter()
+        .any(|c| c.retryable() && Profile::ALL.iter().any(|p| c.wire_code(*p) == code))
+}
 
 /// One scripted answer: status, optional Retry-After, optional problem code.
 #[derive(Clone)]
@@ -56,7 +65,8 @@ async fn handler(State(script): State<Shared>, headers: HeaderMap) -> Response {
             [("content-type", PROBLEM_CONTENT_TYPE)],
             serde_json::json!({
                 "type": format!("https://idemkit.dev/book/errors.html#{code}"),
-                "title": "scripted", "status": a.status, "code": code, "retryable": true
+                "title": "scripted", "status": a.status, "code": code,
+                "retryable": contract_retryable(code)
             })
             .to_string(),
         )

@@ -52,7 +52,7 @@ async fn crash_restart(rec: &mut Rec) {
     let Some((header, value)) = rec.ctx.failpoint(|f| f.crash_after_commit.as_ref()) else {
         return;
     };
-    let Some((r2, marker)) = crash_then_retry(rec, &header, &value).await else {
+    let Some((r2, marker, _)) = crash_then_retry(rec, &header, &value, None).await else {
         return;
     };
     rec.check(
@@ -91,7 +91,7 @@ async fn crash_restart(rec: &mut Rec) {
         );
         return;
     };
-    let Some((r3, marker)) = crash_then_retry(rec, &header, &value).await else {
+    let Some((r3, marker, _)) = crash_then_retry(rec, &header, &value, None).await else {
         return;
     };
     rec.check(
@@ -136,11 +136,17 @@ async fn crash_restart(rec: &mut Rec) {
 }
 
 /// Sends a fresh operation to the recovery endpoint with the crash
-/// failpoint `header: value`, restarts the target, and retries with the
-/// same key (past the crashed request's lease when a clock hook allows).
-/// Returns the retry's answer and the operation's marker; `None` when the
-/// case stopped or no restart is available.
-async fn crash_then_retry(rec: &mut Rec, header: &str, value: &str) -> Option<(Response, String)> {
+/// failpoint `header: value`, restarts the target, moves its clock by
+/// `advance_secs` when given, and retries with the same key (past the
+/// crashed request's lease when a clock hook allows). Returns the retry's
+/// answer and the operation's marker; `None` when the case stopped or no
+/// restart is available.
+pub(super) async fn crash_then_retry(
+    rec: &mut Rec,
+    header: &str,
+    value: &str,
+    advance_secs: Option<u64>,
+) -> Option<(Response, String, crate::http::Request)> {
     let restarter = rec.ctx.restarter.clone();
     let cmd = rec
         .ctx
@@ -202,6 +208,13 @@ async fn crash_then_retry(rec: &mut Rec, header: &str, value: &str) -> Option<(R
         );
         return None;
     }
+    if let Some(secs) = advance_secs {
+        if let Err(e) = rec.ctx.advance_clock(secs).await {
+            rec.stop(Verdict::Error, e);
+            return None;
+        }
+        rec.note(format!("the target's clock is advanced by {secs} s"));
+    }
     let mut r2 = rec.send(&format!("{name} retries with {a}"), &req).await?;
     // The crashed request's lease may still run after the restart: with a
     // clock hook, move past it and retry once (bounded).
@@ -218,7 +231,7 @@ async fn crash_then_retry(rec: &mut Rec, header: &str, value: &str) -> Option<(R
             .send(&format!("{name} retries with {a} after the lease"), &req)
             .await?;
     }
-    Some((r2, marker))
+    Some((r2, marker, req))
 }
 
 async fn wait_ready(rec: &mut Rec) -> bool {

@@ -2,6 +2,7 @@
 //! request after it. Needs the clock hook; these cases run last because they
 //! move the target's clock.
 
+use super::recovery::crash_then_retry;
 use super::{check_marked, check_replay, fresh};
 use crate::case::{Aim, Case, Need, Rec, alone, shared};
 
@@ -59,7 +60,95 @@ pub fn cases() -> Vec<Case> {
             },
             run: |r| Box::pin(expiry(r)),
         },
+        Case {
+            id: "windows.progress",
+            title: "a request with committed progress is resumed after the replay window, never replaced",
+            clauses: &["idem.window.progress"],
+            needs: &[Need::FOREIGN_CRASH, Need::CLOCK],
+            aim: Aim::Recovery,
+            alone,
+            permitted: |m| {
+                vec![format!(
+                    "R1 crashes between the foreign call and its commit; after a restart and {} s: R2 with the same key resumes it (2xx), one effect, one foreign effect; R3 replays R2",
+                    m.policy.replay_window_secs + MARGIN_SECS
+                )]
+            },
+            run: |r| Box::pin(progress(r)),
+        },
     ]
+}
+
+async fn progress(rec: &mut Rec) {
+    let Some((header, value)) = rec.ctx.failpoint(|f| f.crash_after_foreign_call.as_ref()) else {
+        return;
+    };
+    let secs = rec.ctx.manifest.policy.replay_window_secs + MARGIN_SECS;
+    let Some((r2, marker, req)) = crash_then_retry(rec, &header, &value, Some(secs)).await else {
+        return;
+    };
+    rec.check_as(
+        "idem.window.progress",
+        idem_spec::clauses::Class::Semantics,
+        (200..300).contains(&r2.status),
+        "the request with committed progress is resumed and completes (2xx)",
+        r2.summary(),
+    );
+    rec.check_effects(
+        "idem.window.progress",
+        0,
+        &marker,
+        &[&r2],
+        1,
+        "past the window the key still names the crashed request: no second one",
+    )
+    .await;
+    if rec.stopped.is_some() {
+        return;
+    }
+    if rec.ctx.manifest.hooks.foreign_probe.is_some() {
+        match rec.ctx.foreign_effects(&marker).await {
+            Some(Ok(n)) => {
+                rec.note(format!(
+                    "the foreign probe counted {n} effect(s) for marker {marker:?}"
+                ));
+                rec.check(
+                    "idem.window.progress",
+                    n == 1,
+                    "exactly 1 foreign effect: the resumed request did not start over",
+                    format!("{n} foreign effect(s)"),
+                );
+                rec.headline(format!(
+                    "a request resumed past its window repeated its foreign call: {n} foreign effect(s), 1 allowed"
+                ));
+            }
+            Some(Err(e)) => {
+                rec.probe_failed(e);
+                return;
+            }
+            None => {}
+        }
+    }
+    let key = req
+        .headers
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case("idempotency-key"))
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default();
+    let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
+    let Some(r3) = rec.send(&format!("{name} resends R2 with {a}"), &req).await else {
+        return;
+    };
+    // A fresh execution here replaced the finished request (safety); any
+    // other answer that is not R2's is a broken replay (semantics).
+    rec.check(
+        "idem.window.progress",
+        !rec.ctx.executed(&r3, Some(&r2)),
+        "once finished, the key is not replaced by a new request",
+        r3.summary(),
+    );
+    rec.headline("a finished request with committed progress was executed again past its window");
+    check_replay(rec, &r2, &r3, "R3");
 }
 
 async fn within(rec: &mut Rec) {

@@ -389,10 +389,13 @@ pub(crate) const LOOKUP_SQL: &str = "SELECT fingerprint, state, recovery_point, 
 // ANCHOR: claim
 /// The claim: one statement, arbitrated by the primary key on
 /// (caller, idem_key). A fresh key is inserted; an existing row is taken over
-/// only when its replay window is over (a brand-new request, clause
-/// `idem.window.expiry`) or when it is in flight at `started` with an expired
-/// lease (its owner died before doing anything durable). In every other case
-/// the `WHERE` is false, nothing changes and `RETURNING` yields no row.
+/// only when it is complete and its replay window is over (a brand-new
+/// request, clause `idem.window.expiry`) or when it is in flight at `started`
+/// with an expired lease (its owner died before doing anything durable). A
+/// row in flight past `started` holds committed progress and is never
+/// replaced, whatever its window (clause `idem.window.progress`): it is taken
+/// over and resumed instead. In every other case the `WHERE` is false,
+/// nothing changes and `RETURNING` yields no row.
 const CLAIM_SQL: &str = "INSERT INTO idempotency_keys (caller, idem_key, fingerprint, state, \
      recovery_point, generation, locked_at, lease_expires_at, created_at, replay_until, expires_at, \
      request_method, request_path, request_content_type, request_body) \
@@ -405,16 +408,20 @@ const CLAIM_SQL: &str = "INSERT INTO idempotency_keys (caller, idem_key, fingerp
        request_method = excluded.request_method, request_path = excluded.request_path, \
        request_content_type = excluded.request_content_type, request_body = excluded.request_body, \
        response_status = NULL, response_headers = NULL, response_body = NULL \
-     WHERE idempotency_keys.replay_until <= excluded.created_at \
+     WHERE (idempotency_keys.state = 'complete' AND idempotency_keys.replay_until <= excluded.created_at) \
         OR (idempotency_keys.state = 'in_flight' AND idempotency_keys.recovery_point = 'started' \
             AND idempotency_keys.lease_expires_at <= excluded.created_at) \
      RETURNING generation";
 // ANCHOR_END: claim
 
 /// Completion is fenced: it only touches the row if this request's
-/// generation is still the current one (clause `idem.lease.fencing`).
+/// generation is still the current one (clause `idem.lease.fencing`). A key
+/// finished after its replay window (resumed under `idem.window.progress`)
+/// is replayed until its retention ends, so that the finished request is
+/// never re-executed by the next retry.
 pub(crate) const COMPLETE_SQL: &str = "UPDATE idempotency_keys SET state = 'complete', \
      recovery_point = 'finished', completed_at = $1, locked_at = NULL, lease_expires_at = NULL, \
+     replay_until = CASE WHEN replay_until <= $1 THEN expires_at ELSE replay_until END, \
      response_status = $2, response_headers = $3, response_body = $4 \
      WHERE caller = $5 AND idem_key = $6 AND generation = $7 AND state = 'in_flight'";
 

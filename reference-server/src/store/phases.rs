@@ -55,10 +55,12 @@ pub struct AbandonedKey {
 /// Take over an in-flight key whose lease has expired, at whatever recovery
 /// point it stopped (clause `idem.lease.takeover`): bump the generation and
 /// start a fresh lease, keeping the recovery point and the original request.
+/// Allowed until the key's retention ends, past its replay window too
+/// (clause `idem.window.progress`).
 const TAKE_OVER_SQL: &str = "UPDATE idempotency_keys SET generation = generation + 1, \
      locked_at = $3, lease_expires_at = $4 \
      WHERE caller = $1 AND idem_key = $2 AND fingerprint = $5 AND state = 'in_flight' \
-       AND lease_expires_at <= $3 AND replay_until > $3 \
+       AND lease_expires_at <= $3 AND expires_at > $3 \
      RETURNING generation, recovery_point, created_at";
 
 /// A phase commit: the new recovery point and a fresh lease, fenced.
@@ -71,12 +73,13 @@ const COMMIT_POINT_SQL: &str = "UPDATE idempotency_keys SET recovery_point = $4,
 const RELEASE_SQL: &str = "UPDATE idempotency_keys SET locked_at = NULL, lease_expires_at = $4 \
      WHERE caller = $1 AND idem_key = $2 AND generation = $3 AND state = 'in_flight'";
 
-/// Keys a completer may drive: committed progress, lease over, still inside
-/// the replay window (after it, the key means a new request).
+/// Keys a completer may drive: committed progress, lease over, retention
+/// not over. The replay window does not end this: a key with committed
+/// progress is finished, never replaced (clause `idem.window.progress`).
 const ABANDONED_SQL: &str = "SELECT caller, idem_key, fingerprint, recovery_point, request_method, \
      request_path, request_content_type, request_body FROM idempotency_keys \
      WHERE state = 'in_flight' AND recovery_point <> 'started' AND lease_expires_at <= $1 \
-       AND replay_until > $1 \
+       AND expires_at > $1 \
      ORDER BY lease_expires_at LIMIT $2";
 
 impl Store {
