@@ -47,6 +47,13 @@ async fn reference_server_conforms_across_seeds() {
             assert_eq!(c.verdict, Verdict::Pass, "{id}\n{}", support::show(&r));
         }
         assert!(r.summary.pass >= 26, "{}", support::show(&r));
+        for c in &r.cases {
+            assert!(
+                !c.reproduction.is_empty(),
+                "{}: every case carries a curl reproduction",
+                c.id
+            );
+        }
         assert_eq!(r.summary.unsupported, 0, "{}", support::show(&r));
         drop(stack);
     }

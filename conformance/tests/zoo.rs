@@ -593,3 +593,60 @@ async fn key_matched_probes_count_by_the_key_the_request_carried() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cli_writes_every_artefact_into_one_directory_and_exits_with_the_result() {
+    use clap::Parser;
+    let zoo = idem_zoo::spawn(ZooConfig {
+        dialect: Dialect::PlainJson417,
+        defect: Some(Defect::ReplayHeadersDropped),
+        delay: Duration::ZERO,
+    })
+    .await
+    .expect("zoo");
+    let out = std::env::temp_dir().join(format!("idem-kit-out-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let manifest =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("zoo/manifests/plain-json-417.toml");
+    let cli = idem_conformance::commands::Cli::parse_from([
+        "idem-conformance".to_owned(),
+        "run".into(),
+        "--target".into(),
+        manifest.display().to_string(),
+        "--base-url".into(),
+        zoo.base_url.clone(),
+        "--seed".into(),
+        "5".into(),
+        "--out-dir".into(),
+        out.display().to_string(),
+    ]);
+    let code = idem_conformance::commands::execute(cli).await;
+    zoo.shutdown().await;
+    assert_eq!(
+        code,
+        idem_conformance::EXIT_DEVIATES,
+        "a semantics defect in a foreign dialect"
+    );
+    let mut files: Vec<String> = std::fs::read_dir(&out)
+        .expect("the output directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["junit.xml", "report.html", "report.json"]);
+    let report: Report =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).expect("json"))
+            .expect("parses");
+    assert_eq!(report.summary.exit_code, code);
+    // A failing case was re-run, and the report keeps both runs' evidence.
+    let failed = report
+        .cases
+        .iter()
+        .find(|c| c.verdict == Verdict::Fail)
+        .expect("a failing case");
+    let again = failed.rerun.as_ref().expect("re-run evidence");
+    assert!(!again.narrative.is_empty() && !again.reproduction.is_empty());
+    let explained = idem_conformance::report::explain(failed).join("\n");
+    assert!(explained.contains("automatic re-run"), "{explained}");
+    let _ = std::fs::remove_dir_all(&out);
+}
