@@ -831,7 +831,7 @@ impl Rec {
                     // The one-sentence witness, in the style of Elle's
                     // anomaly explanations.
                     self.note(format!(
-                        "so: {why}; the probe counted {n} effect(s); {clause} allows {want}"
+                        "so: {why}, and the probe counted {n} effect(s) where {clause} allows {want}"
                     ));
                 }
                 self.check_as(

@@ -33,7 +33,13 @@ pub fn tag(c: &CaseReport) -> String {
 }
 
 fn explain_checks(out: &mut Vec<String>, checks: &[CheckReport], indent: &str) {
-    for k in checks.iter().filter(|k| k.verdict != Verdict::Pass) {
+    // Worst first: a safety failure leads, whatever order the case ran in.
+    let mut failing: Vec<&CheckReport> = checks
+        .iter()
+        .filter(|k| k.verdict != Verdict::Pass)
+        .collect();
+    failing.sort_by_key(|k| (std::cmp::Reverse(k.verdict), std::cmp::Reverse(k.class)));
+    for k in failing {
         let text =
             idem_spec::clauses::get(&k.clause).map_or("(unknown clause)", |cl| cl.text.as_str());
         out.push(format!(
