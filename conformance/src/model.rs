@@ -402,7 +402,7 @@ async fn execute_recording(
                             // More than one execution answered: count now,
                             // so a safety failure is never masked by a
                             // later, milder one.
-                            if executions > 1 {
+                            if executions > 1 || !odd.is_empty() {
                                 let got = x.effects(caller, &marker, &answers).await?;
                                 if got > 1 {
                                     return Err(x.violation(
