@@ -518,6 +518,29 @@ impl Ctx {
         .await
     }
 
+    /// Like [`effects`](Self::effects), for a check expecting `want`: a
+    /// count below it is read again (every 100 ms, for at most
+    /// `limits.probe_settle_ms`), since many listings catch up with a write
+    /// a moment late. A count at or above `want` is final at once.
+    pub async fn effects_settled(
+        &self,
+        caller: usize,
+        marker: &str,
+        seen: &[&Response],
+        want: u64,
+    ) -> Result<u64, ProbeError> {
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(self.manifest.limits.probe_settle_ms);
+        loop {
+            let n = self.effects(caller, marker, seen).await?;
+            let fixed = matches!(self.manifest.probe, EffectProbe::ResourceId { .. });
+            if n >= want || fixed || tokio::time::Instant::now() >= deadline {
+                return Ok(n);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Counts handler runs for `marker` through `hooks.execution_probe`;
     /// `None` when none is declared.
     pub async fn executions(&self, marker: &str) -> Option<Result<u64, ProbeError>> {
@@ -822,7 +845,7 @@ impl Rec {
         want: u64,
         why: &str,
     ) -> Option<u64> {
-        match self.ctx.effects(caller, marker, seen).await {
+        match self.ctx.effects_settled(caller, marker, seen, want).await {
             Ok(n) => {
                 self.note(format!(
                     "the probe counted {n} effect(s) for marker {marker:?}"

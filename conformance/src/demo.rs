@@ -554,6 +554,8 @@ requests_per_second = 1000
 concurrency = 32
 request_timeout_ms = 10000
 property_sequences = 12
+# Its listings read their own writes (one database): a short count is final.
+probe_settle_ms = 0
 "#,
         base = server.base_url,
         profile = profile.as_str(),

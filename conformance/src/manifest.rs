@@ -566,6 +566,7 @@ max_side_effects = 500        # state-changing requests per run
 requests_per_second = 50
 concurrency = 32              # requests released together by the concurrency gate
 parallel_cases = 4            # cases run at once (those that hold requests, restart or move the clock run alone)
+probe_settle_ms = 2000        # how long a short effect count is read again, for listings that lag their writes
 request_timeout_ms = 10000    # a timeout is "inconclusive", never "pass"
 property_sequences = 8        # generated operation sequences (0 disables)
 

@@ -352,6 +352,13 @@ async fn execute_recording(
                 match model.keys.get(&(caller, key)).cloned() {
                     None => {
                         let Some(first) = answers.iter().find(|r| ctx.executed(r, None)) else {
+                            if answers.iter().any(|r| matches!(r.status, 429 | 503)) {
+                                // Shed load says nothing about the key.
+                                return Err(Stop::Undecided(format!(
+                                    "{step}: the target shed load ({})",
+                                    shown.join(" | ")
+                                )));
+                            }
                             let (clause, permitted) = if other.is_some() {
                                 (
                                     "idem.scope.caller",
@@ -393,6 +400,7 @@ async fn execute_recording(
                             .filter(|r| {
                                 !(r.same_outcome(&first)
                                     || (400..500).contains(&r.status)
+                                    || r.status == 503
                                     || ctx.executed(r, Some(&first)))
                             })
                             .map(Response::summary)

@@ -265,7 +265,7 @@ pub async fn preflight(ctx: &Ctx) -> Result<Vec<String>, String> {
                 ep.name
             ));
         }
-        match view.effects(caller, &marker, &[&r]).await {
+        match view.effects_settled(caller, &marker, &[&r], 1).await {
             Ok(1) => {}
             Ok(n) => {
                 return Err(format!(

@@ -451,6 +451,11 @@ pub struct Limits {
     /// others.
     #[serde(default = "default_parallel")]
     pub parallel_cases: u32,
+    /// How long an effect count below what a check expects is read again
+    /// (every 100 ms) before it stands, for listings that lag their writes;
+    /// milliseconds, 0 for a probe that reads its own writes at once.
+    #[serde(default = "default_settle")]
+    pub probe_settle_ms: u64,
 }
 
 fn default_max_effects() -> u64 {
@@ -471,6 +476,9 @@ fn default_sequences() -> u32 {
 fn default_parallel() -> u32 {
     4
 }
+fn default_settle() -> u64 {
+    2_000
+}
 
 impl Default for Limits {
     fn default() -> Self {
@@ -481,6 +489,7 @@ impl Default for Limits {
             request_timeout_ms: default_timeout_ms(),
             property_sequences: default_sequences(),
             parallel_cases: default_parallel(),
+            probe_settle_ms: default_settle(),
         }
     }
 }

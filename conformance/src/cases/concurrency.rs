@@ -78,6 +78,10 @@ pub struct GateObs {
     pub conflicts_without_retry_after: usize,
     /// Other 4xx answers (refused, in an unexpected way).
     pub other_refusals: Vec<String>,
+    /// 429 and 503 answers: the target shed load. Refused without effect,
+    /// not an in-flight answer, so neither counted against the gate nor
+    /// judged for their spelling.
+    pub throttled: usize,
     /// Answers that are none of the above (5xx, marked replays of a
     /// different body), described.
     pub other: Vec<String>,
@@ -94,11 +98,12 @@ impl GateObs {
     /// One line for reports.
     pub fn describe(&self) -> String {
         format!(
-            "{} execution(s), {} identical replay(s), {} conflict(s) ({} as declared), {} other refusal(s) [{}], other [{}], {} unanswered",
+            "{} execution(s), {} identical replay(s), {} conflict(s) ({} as declared), {} throttled, {} other refusal(s) [{}], other [{}], {} unanswered",
             self.executed,
             self.identical_replays,
             self.conflicts,
             self.conflicts_as_declared,
+            self.throttled,
             self.other_refusals.len(),
             tally(&self.other_refusals),
             tally(&self.other),
@@ -125,6 +130,8 @@ pub fn classify(ctx: &Ctx, sent: &[Sent]) -> GateObs {
             if !r.replayed() {
                 o.replays_without_marker += 1;
             }
+        } else if matches!(r.status, 429 | 503) {
+            o.throttled += 1;
         } else if r.status == 409 {
             o.conflicts += 1;
             if ctx.is(r, ErrorCode::IdempotencyKeyInUse) {
@@ -302,6 +309,12 @@ async fn gate(rec: &mut Rec) {
                     o.replays_without_marker, o.identical_replays
                 ),
             );
+        }
+        if o.throttled > 0 {
+            rec.note(format!(
+                "{} of {n} answers were 429 or 503: the target shed load, which neither counts against it nor shows its in-flight answer (a lower limits.concurrency avoids it)",
+                o.throttled
+            ));
         }
         if o.no_answer > 0 {
             rec.stop(
@@ -481,9 +494,12 @@ mod tests {
             r(422, false, r#"{"error":"busy"}"#, false),
             r(201, true, "{\"id\":2}", false),
             r(201, false, "{\"id\":3}", false),
+            r(429, false, r#"{"error":"slow down"}"#, true),
+            r(503, false, "", true),
             Err(Failure::Timeout("t".into())),
         ];
         let o = classify(&c, &sent);
+        assert_eq!(o.throttled, 2, "shed load is neither a conflict nor odd");
         assert_eq!(o.executed, 2, "the first and the distinct 201");
         assert_eq!(o.identical_replays, 2);
         assert_eq!(o.replays_without_marker, 1);
