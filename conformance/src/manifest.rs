@@ -188,6 +188,27 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
     {
         return bad(format!("probe.caller {c:?} names no declared caller"));
     }
+    // Keys are per caller: two callers may send the same one. A probe
+    // matched by key can tell their effects apart only by asking as each
+    // operation's own caller, of a listing of that caller's effects.
+    for (what, p) in std::iter::once(("probe", &m.probe)).chain(
+        m.endpoints
+            .iter()
+            .filter_map(|e| e.probe.as_ref().map(|p| ("endpoints[].probe", p))),
+    ) {
+        if crate::probe::by_key(p)
+            && let EffectProbe::Count {
+                caller: Some(_), ..
+            }
+            | EffectProbe::List {
+                caller: Some(_), ..
+            } = p
+        {
+            return bad(format!(
+                "{what}: a probe matched by idempotency key must ask as each operation's own caller (drop its caller), since two callers may use one key"
+            ));
+        }
+    }
     if let Some(EffectProbe::ResourceId { .. }) = &m.hooks.execution_probe {
         return bad(
             "hooks.execution_probe: must be kind = \"count\" or \"list\" (a GET that counts handler runs)"
@@ -648,6 +669,21 @@ mod tests {
                 .expect_err("bad regex")
                 .to_string()
                 .contains("pattern")
+        );
+
+        let mut m = parse(TEMPLATE, "t").expect("template").manifest;
+        m.probe = EffectProbe::List {
+            url: "/v1/transfers".into(),
+            items_pointer: "/transfers".into(),
+            match_pointer: "/idempotency_key".into(),
+            match_on: idem_spec::manifest::MatchOn::Key,
+            caller: Some("alice".into()),
+        };
+        assert!(
+            validate(&m)
+                .expect_err("a key-matched probe with one caller")
+                .to_string()
+                .contains("own caller")
         );
 
         let mut m = parse(TEMPLATE, "t").expect("template").manifest;
