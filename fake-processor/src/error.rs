@@ -1,8 +1,4 @@
-//! The one error type of the crate: storage, the HTTP client and the child
-//! process helper.
-
-use std::path::PathBuf;
-use std::time::Duration;
+//! The one error type of the crate: storage and the HTTP client.
 
 use thiserror::Error;
 
@@ -33,29 +29,6 @@ pub enum Error {
         /// The response body, for the test log.
         body: String,
     },
-    /// A child processor could not be started.
-    #[error("could not start {binary:?}: {source}")]
-    Spawn {
-        /// The binary that was run.
-        binary: PathBuf,
-        /// Why the OS refused.
-        source: std::io::Error,
-    },
-    /// The child did not print its `listening on` line in time.
-    #[error("processor child did not report its address within {0:?}")]
-    StartTimeout(Duration),
-    /// The child exited (or closed stdout) before reporting its address.
-    #[error("processor child exited before it was ready ({status})")]
-    ChildExited {
-        /// The exit status, or a note when it could not be read.
-        status: String,
-    },
-    /// The child printed a `listening on` line that does not hold a URL.
-    #[error("processor child printed an unreadable ready line: {0:?}")]
-    BadReadyLine(String),
-    /// Building the processor binary with cargo failed (see [`crate::binary`]).
-    #[error("could not build the idem-fake-processor binary: {0}")]
-    Build(String),
     /// A `Processor-Behavior` header value or control request is invalid.
     #[error("invalid behaviour: {0}")]
     InvalidBehavior(String),

@@ -32,32 +32,19 @@
 //!
 //! ## From other crates' tests
 //!
-//! - [`ProcessorChild::spawn`] starts the binary as a child process and
-//!   waits (bounded) for its port; [`ProcessorChild::kill`] is a `kill -9`.
-//! - [`spawn_in_process`] serves the same app on a tokio task, for tests
-//!   that do not need a separate process.
-//! - [`ProcessorClient`] is a typed client: create charges, read the
-//!   counts, switch faults on and off.
-//! - [`binary`] finds (building it if needed) the binary to pass to
-//!   [`ProcessorChild::spawn`] from another crate's tests.
+//! - [`spawn_in_process`] serves the app on a tokio task, for tests that do
+//!   not need a separate process.
+//! - As a child process (for tests that kill it): start the binary with
+//!   `idem_test_support::ChildServer` (`--listen 127.0.0.1:0 --db PATH`; the
+//!   ready line is [`READY_LINE_PREFIX`]), built from another crate's tests
+//!   with `idem_test_support::cargo_bin`.
+//! - [`ProcessorClient`] is a typed client for tests: create charges, read
+//!   the counts, switch faults on and off.
 //!
-//! A crash-recovery test, in outline:
-//!
-//! ```no_run
-//! # async fn gate() -> Result<(), idem_fake_processor::Error> {
-//! use idem_fake_processor::{ProcessorChild, binary};
-//!
-//! let bin = tokio::task::spawn_blocking(binary).await.expect("join")?;
-//! let processor = ProcessorChild::spawn(&bin, "/tmp/gate/processor.db").await?;
-//! // Start the server under test with processor.base_url(), send a payment,
-//! // crash the server, restart it, retry with the same key; then:
-//! let state = processor.client().charges().await?;
-//! assert_eq!(state.count, 1, "exactly one charge");
-//! assert!(state.calls_for("outbound-key") <= 2, "at most one repeated call");
-//! # Ok(()) }
-//! ```
+//! It is a test double: the workspace's production builds never link it
+//! (the reference server talks to a processor over HTTP with its own
+//! client, and depends on this crate only for its tests).
 
-mod child;
 mod client;
 mod control;
 mod error;
@@ -65,7 +52,6 @@ mod model;
 mod server;
 mod store;
 
-pub use child::{BINARY_ENV, DEFAULT_START_TIMEOUT, ProcessorChild, binary, spawn_child};
 pub use client::{ChargeOutcome, ProcessorClient};
 pub use error::Error;
 pub use model::{

@@ -29,7 +29,7 @@ use crate::model::{
 use crate::store::{Claim, Store};
 
 /// The binary prints this prefix followed by the base URL once it accepts
-/// connections; [`crate::ProcessorChild`] waits for it.
+/// connections; a parent process (e.g. `idem_test_support::ChildServer`) waits for it.
 pub const READY_LINE_PREFIX: &str = "listening on ";
 
 /// Seconds a 503 asks the caller to wait (`Retry-After`).
@@ -166,7 +166,7 @@ impl Drop for InProcessProcessor {
 
 /// Serves a processor on `127.0.0.1:0` on a tokio task, with its database
 /// at `db_path`. For tests that need the processor's behaviour but not a
-/// separate process; use [`crate::ProcessorChild`] for crash tests.
+/// separate process; run the binary as a child process for crash tests.
 pub async fn spawn_in_process(db_path: impl AsRef<Path>) -> Result<InProcessProcessor, Error> {
     let bound = Processor::open(db_path)
         .await?

@@ -1,4 +1,4 @@
-//! Wiring: store + clock + engine + routes, and serving them.
+//! Wiring: pool + store + clock + engine + routes, and serving them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -6,18 +6,20 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Request;
+use axum::handler::Handler;
 use axum::middleware::{self, Next};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post, post_service};
+use axum_idempotency::clock::{AdjustableClock, Clock, SystemClock};
+use axum_idempotency::failpoint::Failpoints;
+use axum_idempotency::multistep::MultiStepEndpoint;
+use axum_idempotency::{Engine, IdempotencyLayer, Store};
 use tokio::net::TcpListener;
+use tower::Layer;
 
 use crate::api::{AppState, accounts, auth, openapi, payments, test_hooks, transfers};
-use crate::clock::{AdjustableClock, Clock, SystemClock};
 use crate::config::Cli;
-use crate::engine::Engine;
 use crate::error::{Error, Result, with_profile};
-use crate::layer::IdempotencyLayer;
-use crate::multistep::MultiStepEndpoint;
-use crate::store::Store;
+use crate::processor::Processor;
 
 /// A built application: the router and the state behind it.
 #[derive(Debug, Clone)]
@@ -28,12 +30,24 @@ pub struct App {
     pub state: AppState,
 }
 
-/// Connects the store, migrates, seeds the demo accounts of every caller and
-/// builds the router.
+/// Opens the pool, runs the library's migrations and the server's own,
+/// seeds the demo accounts of every caller and builds the router.
 pub async fn build(cli: &Cli) -> Result<App> {
     let tokens = cli.token_map()?;
-    let config = cli.engine_config()?;
+    let flaws = cli.flaw_set();
+    let config = flaws.engine_config(cli.engine_config()?);
     let store = Store::connect(&cli.database_url, cli.max_connections).await?;
+    // The key table first (axum-idempotency keeps its own migration
+    // history), then this application's tables with sqlx's migrator.
+    store.migrate().await?;
+    match &store {
+        Store::Sqlite(s) => sqlx::migrate!("./migrations/sqlite").run(s.pool()).await?,
+        Store::Postgres(s) => {
+            sqlx::migrate!("./migrations/postgres")
+                .run(s.pool())
+                .await?
+        }
+    }
     accounts::seed(&store, tokens.values().map(String::as_str)).await?;
     let (clock, test_clock): (Arc<dyn Clock>, Option<Arc<AdjustableClock>>) = if cli.test_hooks {
         let c = Arc::new(AdjustableClock::new());
@@ -44,19 +58,25 @@ pub async fn build(cli: &Cli) -> Result<App> {
     } else {
         (Arc::new(SystemClock), None)
     };
-    let engine = Engine::new(store.clone(), clock.clone(), config);
+    let mut engine = Engine::new(store.clone(), clock.clone(), config);
+    // Failpoints are honoured only with --test-hooks: the opt-in.
+    let failpoints = cli.test_hooks.then(|| {
+        Arc::new(Failpoints::new(Duration::from_secs(
+            cli.failpoint_max_pause_secs,
+        )))
+    });
+    if let Some(f) = &failpoints {
+        engine = engine.with_failpoints(f.clone());
+    }
     let mut multistep = Vec::new();
     if let Some(url) = &cli.processor_url {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(cli.processor_timeout_secs.max(1)))
-            .build()
+        let processor = Processor::new(url, Duration::from_secs(cli.processor_timeout_secs.max(1)))
             .map_err(|e| Error::Config(format!("processor HTTP client: {e}")))?;
-        let client = idem_fake_processor::ProcessorClient::with_http(http, url.as_str());
         multistep.push(MultiStepEndpoint::new(
             engine.clone(),
             "POST",
             "/v1/payments",
-            payments::Payments::new(client),
+            payments::Payments::new(processor),
         ));
     }
     let state = AppState {
@@ -64,9 +84,12 @@ pub async fn build(cli: &Cli) -> Result<App> {
         engine,
         clock,
         test_clock,
+        failpoints,
         tokens: Arc::new(tokens),
         profile: cli.profile,
+        policy: cli.published_policy(),
         multistep: Arc::new(multistep),
+        flaws,
     };
     Ok(App {
         router: router(state.clone()),
@@ -74,17 +97,55 @@ pub async fn build(cli: &Cli) -> Result<App> {
     })
 }
 
-/// The routes. Only `POST /v1/transfers` is idempotent; reads are not.
+/// `POST handler`, made idempotent: the engine's layer, declaring
+/// `replay_headers` besides Content-Type, Location and ETag (and, in a
+/// `flaws` build, the route-level flaws around it). `state` is the
+/// handler's state; `app` gives the engine.
+pub fn idempotent<H, T, S, R>(
+    app: &AppState,
+    handler: H,
+    state: S,
+    replay_headers: &[&str],
+) -> MethodRouter<R>
+where
+    H: Handler<T, S>,
+    T: 'static,
+    S: Clone + Send + Sync + 'static,
+    R: Clone + Send + Sync + 'static,
+{
+    let mut layer = IdempotencyLayer::new(app.engine.clone());
+    for h in replay_headers {
+        layer = layer.replay_header(h);
+    }
+    let handler = handler.with_state(state);
+    #[cfg(feature = "flaws")]
+    {
+        let names: Vec<axum::http::HeaderName> = replay_headers
+            .iter()
+            .filter_map(|h| axum::http::HeaderName::from_bytes(h.as_bytes()).ok())
+            .collect();
+        if let Some(flawed) =
+            app.flaws
+                .wrap_route(app, layer.layer(handler.clone()), handler.clone(), &names)
+        {
+            return post_service(flawed);
+        }
+    }
+    post_service(layer.layer(handler))
+}
+
+/// The routes. `POST /v1/transfers` and `POST /v1/payments` are idempotent;
+/// reads are not.
 pub fn router(state: AppState) -> Router {
-    // ANCHOR: router
-    let idempotency = IdempotencyLayer::new(state.engine.clone());
     let api = Router::new()
-        // Multi-step: the endpoint drives its own key (no layer).
-        .route("/v1/payments", post(payments::create_payment))
+        // ANCHOR: router
+        // Single-phase: the engine's layer on the POST route.
         .route(
             "/v1/transfers",
-            post(transfers::create_transfer).layer(idempotency),
+            idempotent(&state, transfers::create_transfer, state.clone(), &[]),
         )
+        // Multi-step: the endpoint drives its own key (no layer).
+        .route("/v1/payments", post(payments::create_payment))
         // ANCHOR_END: router
         .route("/v1/transfers", get(transfers::list_transfers))
         .route("/v1/transfers/{id}", get(transfers::get_transfer))
@@ -92,15 +153,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/payments/{id}", get(payments::get_payment))
         .route("/v1/receipts", get(payments::list_receipts))
         .route("/v1/accounts", get(accounts::list_accounts))
-        .route("/v1/accounts/{id}", get(accounts::get_account))
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            auth::require_bearer,
-        ));
-    let doc = Arc::new(openapi::document(
-        state.profile,
-        &state.engine.config().policy(),
-    ));
+        .route("/v1/accounts/{id}", get(accounts::get_account));
+    let api = with_auth(api, &state);
+    let doc = Arc::new(openapi::document(state.profile, &state.policy));
     let mut app = Router::new()
         .merge(api)
         .route(
@@ -124,6 +179,12 @@ pub fn router(state: AppState) -> Router {
             .route("/_test/failpoints/release", post(test_hooks::release));
     }
     let profile = state.profile;
+    #[cfg(feature = "flaws")]
+    let app = if state.flaws.on(crate::flaws::Flaw::ReplayDropsHeaders) {
+        app.layer(middleware::from_fn(crate::flaws::edge::drop_replay_headers))
+    } else {
+        app
+    };
     app.fallback(|| async { Error::NotFound("no such route".into()) })
         .method_not_allowed_fallback(|| async { Error::MethodNotAllowed })
         .with_state(state)
@@ -131,6 +192,25 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             with_profile(profile, async move { next.run(req).await })
         }))
+}
+
+/// Puts bearer authentication in front of every route of `routes` (and, in
+/// a `flaws` build with `global-keys`, the scope-flattening middleware
+/// right after it).
+pub fn with_auth<S: Clone + Send + Sync + 'static>(
+    routes: Router<S>,
+    state: &AppState,
+) -> Router<S> {
+    #[cfg(feature = "flaws")]
+    let routes = if state.flaws.on(crate::flaws::Flaw::GlobalKeys) {
+        routes.route_layer(middleware::from_fn(crate::flaws::edge::global_scope))
+    } else {
+        routes
+    };
+    routes.route_layer(middleware::from_fn_with_state(
+        state.clone(),
+        auth::require_bearer,
+    ))
 }
 
 /// Binds `cli.listen`, prints the machine-readable `listening on` line and
@@ -154,27 +234,27 @@ pub async fn serve(cli: Cli) -> Result<()> {
              --processor-timeout-secs below --lease-secs"
         );
     }
-    let flaws = cli.flaw_set();
-    if !flaws.list().is_empty() {
-        tracing::warn!(flaws = ?flaws.list(), "DELIBERATE FLAWS ARE ON: this server breaks the contract on purpose");
+    if !app.state.flaws.list().is_empty() {
+        tracing::warn!(flaws = ?app.state.flaws.list(), "DELIBERATE FLAWS ARE ON: this server breaks the contract on purpose");
     }
     let listener = TcpListener::bind(&cli.listen).await?;
     let addr = listener.local_addr()?;
     announce(addr, &cli, &app.state);
-    let reaper = tokio::spawn(crate::reaper::run(
-        app.state.store.clone(),
-        app.state.clock.clone(),
+    let s = &app.state;
+    let reaper = tokio::spawn(axum_idempotency::reaper::run(
+        s.store.clone(),
+        s.clock.clone(),
         Duration::from_secs(cli.reaper_interval_secs),
     ));
-    let completer = tokio::spawn(crate::jobs::run_completer(
-        app.state.store.clone(),
-        app.state.clock.clone(),
-        app.state.multistep.clone(),
+    let completer = tokio::spawn(axum_idempotency::jobs::run_completer(
+        s.store.clone(),
+        s.clock.clone(),
+        s.multistep.clone(),
         Duration::from_millis(cli.completer_interval_ms),
     ));
-    let enqueuer = tokio::spawn(crate::jobs::run_enqueuer(
-        app.state.store.clone(),
-        app.state.clock.clone(),
+    let enqueuer = tokio::spawn(axum_idempotency::jobs::run_enqueuer(
+        s.store.clone(),
+        payments::Receipts::new(s.clock.clone()),
         Duration::from_millis(cli.enqueuer_interval_ms),
     ));
     tracing::info!(
@@ -198,7 +278,6 @@ pub async fn serve(cli: Cli) -> Result<()> {
     app.state.store.close().await;
     result.map_err(Error::Io)
 }
-
 fn announce(addr: SocketAddr, cli: &Cli, state: &AppState) {
     use std::io::Write;
     let base = format!("http://{addr}");

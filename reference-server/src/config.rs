@@ -12,7 +12,8 @@ use std::time::Duration;
 use idem_spec::Profile;
 use idem_spec::policy;
 
-use crate::engine::EngineConfig;
+use axum_idempotency::EngineConfig;
+
 use crate::error::{Error, Result};
 use crate::flaws::Flaws;
 
@@ -214,11 +215,23 @@ impl Cli {
             retry_after_secs: self.retry_after_secs,
             max_wait: Duration::from_secs(self.max_wait_secs),
             max_body_bytes: self.max_body_bytes,
-            flaws: self.flaw_set(),
-            failpoints: self.test_hooks,
-            failpoint_max_pause: Duration::from_secs(self.failpoint_max_pause_secs),
+            profile: self.profile,
             ..EngineConfig::default()
         })
+    }
+
+    /// The policy the server publishes (OpenAPI `x-idempotency`): what these
+    /// flags promise, whatever a deliberate flaw does to the engine.
+    pub fn published_policy(&self) -> idem_spec::Policy {
+        EngineConfig {
+            replay_window: Duration::from_secs(self.replay_window_secs),
+            retention: Duration::from_secs(self.retention_secs),
+            lease: Duration::from_secs(self.lease_secs),
+            retry_after_secs: self.retry_after_secs,
+            max_wait: Duration::from_secs(self.max_wait_secs),
+            ..EngineConfig::default()
+        }
+        .policy()
     }
 
     /// The flaws switched on (always none without the `flaws` feature).
@@ -245,7 +258,6 @@ mod tests {
         assert_eq!(cli.database_url, "sqlite://idem.db");
         assert_eq!(cli.profile, Profile::Reference);
         assert!(!cli.test_hooks, "test hooks are off by default");
-        assert!(!cli.engine_config().expect("config").failpoints);
         assert_eq!(cli.processor_url, None, "payments are off by default");
         assert_eq!(cli.completer_interval_ms, 5000);
         assert_eq!(cli.enqueuer_interval_ms, 1000);
@@ -254,6 +266,7 @@ mod tests {
         assert_eq!(tokens.get("demo-bob").map(String::as_str), Some("bob"));
         let policy = cli.engine_config().expect("config").policy();
         assert_eq!(policy, idem_spec::Policy::default());
+        assert_eq!(cli.published_policy(), policy);
     }
 
     #[test]

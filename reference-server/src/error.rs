@@ -1,11 +1,13 @@
 //! The crate's one error type and the one place errors become HTTP.
 //!
-//! Every error the server returns, from a missing bearer token to a
-//! database outage, is an [`Error`] turned into an RFC 9457
+//! Every error the server's own code returns, from a missing bearer token
+//! to a database outage, is an [`Error`] turned into an RFC 9457
 //! `application/problem+json` document by the single
 //! [`IntoResponse`](axum::response::IntoResponse) impl below (clause
-//! `idem.errors.problem-json`). Nothing else in the crate builds an error
-//! response by hand, so no error can escape without a `code`.
+//! `idem.errors.problem-json`), in the same shape as the idempotency
+//! engine's own answers (`axum_idempotency::error::problem_response`).
+//! Nothing else in the crate builds an error response by hand, so no error
+//! can escape without a `code`.
 //!
 //! Status codes and wire codes depend on the profile the server was started
 //! with (`--profile`). `IntoResponse` cannot take arguments, so the profile
@@ -15,9 +17,8 @@
 
 use std::future::Future;
 
-use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use idem_spec::problem::PROBLEM_CONTENT_TYPE;
+use axum_idempotency::error::problem_response;
 use idem_spec::{ErrorCode, Problem, Profile};
 
 tokio::task_local! {
@@ -42,27 +43,6 @@ pub enum Error {
     /// No `Authorization: Bearer` header, or a token that maps to no caller.
     #[error("{0}")]
     Unauthenticated(&'static str),
-    /// An idempotent endpoint got no `Idempotency-Key` header.
-    #[error(
-        "this endpoint requires an Idempotency-Key header; send one key per logical operation and reuse it on every retry"
-    )]
-    KeyMissing,
-    /// The `Idempotency-Key` header broke the syntax rules (or was sent twice).
-    #[error("{0}")]
-    KeyInvalid(#[source] idem_spec::Error),
-    /// The key was first used with a different request (method, path or body).
-    #[error(
-        "this Idempotency-Key was first used with a different request (method, path or body); use a new key for a new operation"
-    )]
-    KeyMismatch,
-    /// Another request with this key is still being processed.
-    #[error(
-        "a request with this Idempotency-Key is still in progress; retry after {retry_after_secs} s with the same key, or send Prefer: wait=N"
-    )]
-    KeyInUse {
-        /// Seconds advertised in `Retry-After`.
-        retry_after_secs: u64,
-    },
     /// The body is not valid for its media type (e.g. broken JSON).
     #[error("{0}")]
     MalformedBody(String),
@@ -90,11 +70,11 @@ pub enum Error {
     /// Applying the schema migrations failed at start-up.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    /// A commit carried an older fencing generation than the key's current
-    /// one: another worker took the key over, so this one's writes were
-    /// refused and rolled back (clause `idem.lease.fencing`).
-    #[error("the lease on this key was taken over by another worker; its outcome will be replayed")]
-    Fenced,
+    /// The idempotency engine failed or refused (a database error inside
+    /// it, a settled transaction, ...), rendered exactly as the engine
+    /// renders its own answers.
+    #[error(transparent)]
+    Idempotency(#[from] axum_idempotency::Error),
     /// The payment processor declined: a final outcome, stored and replayed
     /// (clause `idem.failure.final-outcomes`).
     #[error("{0}")]
@@ -129,10 +109,7 @@ impl Error {
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::Unauthenticated(_) => ErrorCode::Unauthenticated,
-            Self::KeyMissing => ErrorCode::IdempotencyKeyMissing,
-            Self::KeyInvalid(_) => ErrorCode::IdempotencyKeyInvalid,
-            Self::KeyMismatch => ErrorCode::IdempotencyKeyMismatch,
-            Self::KeyInUse { .. } | Self::Fenced => ErrorCode::IdempotencyKeyInUse,
+            Self::Idempotency(e) => e.code(),
             Self::MalformedBody(_) => ErrorCode::MalformedBody,
             Self::UnsupportedMediaType(_) => ErrorCode::UnsupportedMediaType,
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
@@ -153,6 +130,9 @@ impl Error {
 
     /// The problem document for this error under `profile`.
     pub fn to_problem(&self, profile: Profile) -> Problem {
+        if let Self::Idempotency(e) = self {
+            return e.to_problem(profile);
+        }
         let code = self.code();
         let detail = if code == ErrorCode::InternalError {
             // Driver messages can carry SQL and schema names; they go to the
@@ -165,39 +145,23 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The `Retry-After` seconds this error advertises, if any.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Self::Idempotency(e) => e.retry_after_secs(),
+            Self::UpstreamUnavailable {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
+            _ => None,
+        }
+    }
+}
+
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let profile = current_profile();
-        let problem = self.to_problem(profile);
-        if problem.status >= 500 {
-            tracing::error!(error = %self, "request failed");
-        } else {
-            tracing::debug!(error = %self, code = %problem.code, "request rejected");
-        }
-        let status =
-            StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let body = serde_json::to_vec(&problem).unwrap_or_else(|_| {
-            // Serialising a struct of strings and numbers cannot fail; keep a
-            // valid document anyway rather than an empty body.
-            br#"{"type":"about:blank","title":"Internal server error","status":500,"code":"internal_error","retryable":true}"#.to_vec()
-        });
-        let mut response = (status, body).into_response();
-        let headers = response.headers_mut();
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(PROBLEM_CONTENT_TYPE),
-        );
-        if let Self::KeyInUse { retry_after_secs } = self {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
-        } else if let Self::Fenced = self {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(1u64));
-        } else if let Self::UpstreamUnavailable {
-            retry_after_secs, ..
-        } = self
-        {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
-        }
-        response
+        let problem = self.to_problem(current_profile());
+        problem_response(&problem, self.retry_after_secs(), &self)
     }
 }
 

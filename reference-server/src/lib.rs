@@ -1,24 +1,20 @@
 //! # idem-server: the idemkit reference server
 //!
-//! An axum + tokio service implementing the reference profile of the
-//! Idempotency-Key contract on SQLite (default) or PostgreSQL, and the
-//! template a team forks for its own endpoints.
+//! An application built on [`axum_idempotency`]: an example bank whose
+//! `POST /v1/transfers` (one transaction) and `POST /v1/payments`
+//! (multi-step, through an external payment processor) keep the
+//! Idempotency-Key contract, on SQLite (default) or PostgreSQL. It is the
+//! template a team copies: the engine is the library, and what is here is
+//! what every application writes for itself.
 //!
-//! - [`layer`]: [`IdempotencyLayer`], the one thing a single-phase endpoint
-//!   adopts (its docs are the guide for adding an endpoint).
-//! - [`multistep`]: [`MultiStep`](multistep::MultiStep) and
-//!   [`MultiStepEndpoint`](multistep::MultiStepEndpoint), for endpoints that
-//!   call a foreign system: atomic phases, recovery points, fenced commits,
-//!   resume (its docs are the guide, with `POST /v1/payments` as example).
-//! - [`engine`]: claim, replay, wait, settle, take over expired leases.
-//! - [`store`]: the [`KeyStore`](store::KeyStore) trait and the SQLite /
-//!   PostgreSQL store; [`store::phases`]: phase commits, takeover, release.
-//! - [`jobs`]: the completer and the enqueuer; [`reaper`]: retention.
-//! - [`failpoint`]: `Idem-Failpoint: crash-after=...` (test hooks only).
-//! - [`api`]: the example bank (`POST /v1/transfers`, accounts, transfers),
-//!   payments (`POST /v1/payments` through an external processor, receipts),
-//!   `GET /openapi.json`, and the `--test-hooks` routes.
-//! - [`config`]: the command line, [`app`]: wiring and serving.
+//! - [`api`]: the example endpoints (transfers, accounts, payments,
+//!   receipts), bearer authentication, `GET /openapi.json`, and the
+//!   `--test-hooks` routes;
+//! - [`processor`]: this server's HTTP client of the payment processor;
+//! - [`config`]: the command line; [`app`]: wiring and serving;
+//! - [`Error`]: the one error type and its problem+json rendering;
+//! - [`flaws`]: deliberately broken variants (the `flaws` feature only),
+//!   kept at the edge of the engine.
 //!
 //! ## Running it
 //!
@@ -34,6 +30,10 @@
 //! `--processor-timeout-secs`, `--failpoint-max-pause-secs`,
 //! `--max-body-bytes`, `--max-connections`, `--test-hooks`, and with the
 //! `flaws` feature `--flaw NAME` (see [`flaws::Flaw`]).
+//!
+//! A database created by an `idem-server` from before the engine became a
+//! library (`axum-idempotency`) has a different migration history: start
+//! on a fresh database file or schema.
 //!
 //! Payments need a processor:
 //!
@@ -61,24 +61,17 @@
 //! | `GET /_test/failpoints`, `POST /_test/failpoints/release` | none | only with `--test-hooks` |
 //!
 //! With `--test-hooks`, the `Idem-Failpoint` request header crashes or
-//! pauses a multi-step request at a named point (see [`failpoint`]).
+//! pauses a request at a named point (`axum_idempotency::failpoint`; the
+//! payment's own points are listed in [`api::payments`]).
 //!
 //! Every demo caller `C` owns `acc_C_main` and `acc_C_savings`, seeded with
 //! 100000 minor units each at first start.
 
 pub mod api;
 pub mod app;
-pub mod clock;
 pub mod config;
-pub mod engine;
 mod error;
-pub mod failpoint;
 pub mod flaws;
-pub mod jobs;
-pub mod layer;
-pub mod multistep;
-pub mod reaper;
-pub mod store;
+pub mod processor;
 
 pub use error::{Error, Result, current_profile, with_profile};
-pub use layer::{Caller, IdemTx, IdempotencyLayer};

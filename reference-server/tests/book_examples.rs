@@ -18,12 +18,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
+use idem_test_support::{ChildServer, TempDir};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
 
 /// The base URL the book's runnable examples use: the default `--listen`.
 const BOOK_BASE: &str = "http://127.0.0.1:8080";
@@ -523,54 +521,25 @@ fn compare(example: &Example, got: &Answer, ids: &mut Ids) -> Result<(), String>
 /// drop.
 struct Server {
     base: String,
-    dir: PathBuf,
-    _child: Child,
+    _child: ChildServer,
+    _dir: TempDir,
 }
 
 impl Server {
     async fn start(name: &str, extra: &[&str]) -> Server {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "idem-book-{}-{}-{nanos}",
-            std::process::id(),
-            name.replace(['/', '.'], "-")
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        let dir = TempDir::new(&format!("idem-book-{}", name.replace(['/', '.'], "-")));
         let db = format!("sqlite://{}", dir.join("idem.db").display());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idem-server"))
+        let child = ChildServer::command(env!("CARGO_BIN_EXE_idem-server"))
             .args(["--listen", "127.0.0.1:0", "--database-url", &db])
             .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn idem-server");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .start()
             .await
-            .expect("the server announces itself within 60 s")
-            .expect("read stdout")
-            .expect("a first stdout line");
-        // Keep draining stdout so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let base = first
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-            .to_owned();
+            .expect("start idem-server");
         Server {
-            base,
-            dir,
+            base: child.base_url().to_owned(),
             _child: child,
+            _dir: dir,
         }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

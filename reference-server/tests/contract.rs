@@ -10,15 +10,6 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use support::*;
 
-macro_rules! db {
-    ($b:expr, $name:expr) => {
-        match TestDb::new($b, $name).await {
-            Some(db) => db,
-            None => return,
-        }
-    };
-}
-
 // clause: idem.errors.problem-json, idem.failure.unclaimed
 async fn unauthenticated_is_401_and_consumes_nothing(b: Backend) {
     let db = db!(b, "unauth");
@@ -293,11 +284,11 @@ async fn a_5xx_is_not_stored_its_writes_roll_back_and_the_key_is_released(b: Bac
     assert_eq!(gate.wait_entered().await, 1);
     // The handler's +1 on the main account was rolled back with the claim.
     assert_eq!(balances(&r, "alice").await, (100_000, 100_000));
-    use idem_server::store::KeyStore;
+    use axum_idempotency::store::KeyStore;
     assert!(
         app.state
             .store
-            .lookup("alice", "g-500")
+            .lookup(&support::kid("alice", "g-500"))
             .await
             .unwrap()
             .is_none()
@@ -449,7 +440,7 @@ async fn the_reaper_deletes_records_past_retention_only(b: Backend) {
     let db = db!(b, "reaper");
     let app = app(&db, &[]).await;
     let r = &app.router;
-    use idem_server::store::KeyStore;
+    use axum_idempotency::store::KeyStore;
     send(
         r,
         transfer("demo-alice", Some("old"), &move_body("alice", 1)),
@@ -463,14 +454,36 @@ async fn the_reaper_deletes_records_past_retention_only(b: Backend) {
     .await;
     let store = &app.state.store;
     let clock = app.state.clock.as_ref();
-    let report = idem_server::reaper::reap_once(store, clock).await.unwrap();
+    let report = axum_idempotency::reaper::reap_once(store, clock)
+        .await
+        .unwrap();
     assert_eq!(report.deleted, 0, "48 h < 72 h retention");
-    assert!(store.lookup("alice", "old").await.unwrap().is_some());
+    assert!(
+        store
+            .lookup(&support::kid("alice", "old"))
+            .await
+            .unwrap()
+            .is_some()
+    );
     advance(r, 24 * 3600 + 1).await;
-    let report = idem_server::reaper::reap_once(store, clock).await.unwrap();
+    let report = axum_idempotency::reaper::reap_once(store, clock)
+        .await
+        .unwrap();
     assert_eq!(report.deleted, 1);
-    assert!(store.lookup("alice", "old").await.unwrap().is_none());
-    assert!(store.lookup("alice", "young").await.unwrap().is_some());
+    assert!(
+        store
+            .lookup(&support::kid("alice", "old"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .lookup(&support::kid("alice", "young"))
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 both!(the_reaper_deletes_records_past_retention_only);
 

@@ -21,14 +21,15 @@
 
 mod support;
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use idem_fake_processor::{ProcessorChild, ProcessorClient};
-use idem_server::failpoint::PAYMENT_FAILPOINTS;
-use support::{Backend, TestDb};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use idem_fake_processor::ProcessorClient;
+use idem_server::api::payments::PAYMENT_FAILPOINTS;
+use idem_test_support::{ChildServer, TempDir, cargo_bin};
+use support::{Backend, TestDb, both};
+
+/// Names a prebuilt `idem-fake-processor` binary (else cargo builds it).
+const PROCESSOR_BIN_ENV: &str = "IDEM_FAKE_PROCESSOR_BIN";
 
 const BODY: &str = r#"{"amount":4200,"currency":"eur","source":"tok_gate"}"#;
 const LEASE_SECS: u64 = 5;
@@ -36,45 +37,26 @@ const LEASE_SECS: u64 = 5;
 /// Failpoints between the processor call and the commit that records it.
 const BETWEEN_CALL_AND_COMMIT: [&str; 2] = ["after=charge-call", "before=charge_created"];
 
-struct Server {
-    base: String,
-    child: Child,
+async fn start_server(db_url: &str, processor: &str, completer_ms: u64) -> ChildServer {
+    ChildServer::command(env!("CARGO_BIN_EXE_idem-server"))
+        .args(["--listen", "127.0.0.1:0", "--database-url", db_url])
+        .args(["--test-hooks", "--processor-url", processor])
+        .args(["--lease-secs", &LEASE_SECS.to_string()])
+        .args(["--completer-interval-ms", &completer_ms.to_string()])
+        .args(["--max-connections", "4"])
+        .env("RUST_LOG", "error")
+        .start()
+        .await
+        .expect("start idem-server")
 }
 
-impl Server {
-    async fn start(db_url: &str, processor: &str, completer_ms: u64) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idem-server"))
-            .args(["--listen", "127.0.0.1:0", "--database-url", db_url])
-            .args(["--test-hooks", "--processor-url", processor])
-            .args(["--lease-secs", &LEASE_SECS.to_string()])
-            .args(["--completer-interval-ms", &completer_ms.to_string()])
-            .args(["--max-connections", "4"])
-            .env("RUST_LOG", "error")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn idem-server");
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-            .await
-            .expect("server announces itself within 60 s")
-            .unwrap()
-            .expect("a first stdout line");
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let base = first.strip_prefix("listening on ").unwrap().to_owned();
-        Server { base, child }
-    }
-
-    /// Waits (bounded) for the aborted child and checks it died abnormally.
-    async fn expect_crashed(&mut self) {
-        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
-            .await
-            .expect("the server should have aborted")
-            .unwrap();
-        assert!(!status.success(), "exit status {status}");
-    }
+/// Waits (bounded) for the aborted child and checks it died abnormally.
+async fn expect_crashed(server: &mut ChildServer) {
+    let status = server
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .expect("the server should have aborted");
+    assert!(!status.success(), "exit status {status}");
 }
 
 fn client() -> reqwest::Client {
@@ -149,16 +131,25 @@ async fn gate(backend: Backend, variant: Variant) {
     let Some(db) = TestDb::new(backend, &name).await else {
         return;
     };
-    let bin = tokio::task::spawn_blocking(idem_fake_processor::binary)
+    let bin = tokio::task::spawn_blocking(|| {
+        cargo_bin(
+            "idem-fake-processor",
+            "idem-fake-processor",
+            PROCESSOR_BIN_ENV,
+        )
+    })
+    .await
+    .unwrap()
+    .expect("build idem-fake-processor");
+    let dir = TempDir::new("idem-gate-proc");
+    let processor_db = dir.join("processor.db");
+    let processor = ChildServer::command(&bin)
+        .args(["--listen", "127.0.0.1:0", "--db"])
+        .arg(&processor_db)
+        .start()
         .await
-        .unwrap()
-        .expect("build idem-fake-processor");
-    let processor_db = std::env::temp_dir().join(format!(
-        "idem-gate-proc-{}.db",
-        uuid::Uuid::new_v4().simple()
-    ));
-    let processor = ProcessorChild::spawn(&bin, &processor_db).await.unwrap();
-    let pc: ProcessorClient = processor.client();
+        .unwrap();
+    let pc = ProcessorClient::new(processor.base_url());
     let http = client();
     // The retry variant keeps the completer out of the way; the completer
     // variant runs it every 100 ms.
@@ -178,15 +169,15 @@ async fn gate(backend: Backend, variant: Variant) {
         let key = format!("gate-{i}");
         let before = pc.charges().await.unwrap();
 
-        let mut server = Server::start(&db.url, processor.base_url(), completer_ms).await;
-        let crashed = pay(&http, &server.base, &key, Some(fp)).await;
+        let mut server = start_server(&db.url, processor.base_url(), completer_ms).await;
+        let crashed = pay(&http, server.base_url(), &key, Some(fp)).await;
         assert!(
             crashed.is_err(),
             "{fp}: the server answered instead of aborting"
         );
-        server.expect_crashed().await;
+        expect_crashed(&mut server).await;
 
-        let server = Server::start(&db.url, processor.base_url(), completer_ms).await;
+        let server = start_server(&db.url, processor.base_url(), completer_ms).await;
         // The dead server's lease is still running on the new server's
         // clock: move past it (and past the replay window in that variant).
         let advance = match variant {
@@ -194,7 +185,7 @@ async fn gate(backend: Backend, variant: Variant) {
             Variant::Retry | Variant::Completer => LEASE_SECS + 1,
         };
         let r = http
-            .post(format!("{}/_test/clock", server.base))
+            .post(format!("{}/_test/clock", server.base_url()))
             .json(&serde_json::json!({"advance_secs": advance}))
             .send()
             .await
@@ -205,7 +196,7 @@ async fn gate(backend: Backend, variant: Variant) {
             // Nothing but the completer touches the key now.
             let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
             loop {
-                let p = payment_by_key(&http, &server.base, &key).await;
+                let p = payment_by_key(&http, server.base_url(), &key).await;
                 if p.as_ref().is_some_and(|p| p["status"] == "succeeded") {
                     break;
                 }
@@ -218,11 +209,15 @@ async fn gate(backend: Backend, variant: Variant) {
         }
         if *fp == "before=payment_created" {
             // Nothing was committed: no payment exists, nothing to complete.
-            assert!(payment_by_key(&http, &server.base, &key).await.is_none());
+            assert!(
+                payment_by_key(&http, server.base_url(), &key)
+                    .await
+                    .is_none()
+            );
         }
 
         // Every run ends with a 201 for the client.
-        let r = pay(&http, &server.base, &key, None).await.unwrap();
+        let r = pay(&http, server.base_url(), &key, None).await.unwrap();
         assert_eq!(r.status(), 201, "{fp}: {:?}", r.text().await);
         let replayed = r
             .headers()
@@ -234,14 +229,14 @@ async fn gate(backend: Backend, variant: Variant) {
         assert_eq!(replayed, finished_before_retry, "{fp}: replayed?");
         assert_eq!(body["status"], "succeeded");
         assert_eq!(
-            payments_by_key(&http, &server.base, &key).await,
+            payments_by_key(&http, server.base_url(), &key).await,
             1,
             "{fp}: exactly one payment for the key"
         );
         if variant == Variant::PastWindow {
             // Finished after its window, the key is replayed from now on,
             // not executed again.
-            let again = pay(&http, &server.base, &key, None).await.unwrap();
+            let again = pay(&http, server.base_url(), &key, None).await.unwrap();
             assert_eq!(again.status(), 201, "{fp}");
             assert_eq!(
                 again
@@ -277,9 +272,6 @@ async fn gate(backend: Backend, variant: Variant) {
         drop(server);
     }
     drop(processor);
-    for s in ["", "-wal", "-shm"] {
-        let _ = std::fs::remove_file(format!("{}{s}", processor_db.display()));
-    }
 }
 
 // clause: idem.multistep.resume, idem.multistep.foreign-key, idem.multistep.phases

@@ -14,15 +14,6 @@ async fn flawed(db: &TestDb, flaw: &str) -> idem_server::app::App {
     app(db, &["--flaw", flaw]).await
 }
 
-macro_rules! db {
-    ($b:expr, $name:expr) => {
-        match TestDb::new($b, $name).await {
-            Some(db) => db,
-            None => return,
-        }
-    };
-}
-
 /// Two duplicates both inside the endpoint at once, both answered 201
 /// without the replay marker: two executions.
 async fn two_duplicates_both_execute(flaw: &str, b: Backend) {

@@ -13,12 +13,12 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use axum_idempotency::store::KeyStore;
 use idem_fake_processor::{ControlMode, ControlRequest, InProcessProcessor, spawn_in_process};
 use idem_server::app::App;
 use idem_server::config::Cli;
-use idem_server::store::KeyStore;
 use idem_spec::KeyState;
-use support::{Backend, Resp, TestDb, advance, send};
+use support::{Backend, Resp, TestDb, advance, both, send};
 
 const BODY: &str = r#"{"amount":1250,"currency":"usd","source":"tok_visa"}"#;
 
@@ -157,12 +157,12 @@ async fn payment_runs_its_phases_once_and_replays(backend: Backend) {
         .app
         .state
         .store
-        .lookup("alice", "pay-1")
+        .lookup(&support::kid("alice", "pay-1"))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(rec.state, KeyState::Complete);
-    assert_eq!(rec.recovery_point, "finished");
+    assert_eq!(rec.recovery_point.as_str(), "finished");
 
     // A final 4xx from the first phase is stored too, and calls nobody.
     let bad = r#"{"amount":0,"currency":"usd"}"#;
@@ -237,12 +237,12 @@ async fn processor_unavailable_is_a_503_and_a_retry_resumes(backend: Backend) {
         .app
         .state
         .store
-        .lookup("alice", "un-1")
+        .lookup(&support::kid("alice", "un-1"))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(rec.state, KeyState::InFlight, "not stored");
-    assert_eq!(rec.recovery_point, "payment_created");
+    assert_eq!(rec.recovery_point.as_str(), "payment_created");
     assert!(rec.response.is_none());
     let p = payment_by_key(&e.router, "un-1").await.unwrap();
     assert_eq!(p["status"], "pending");
@@ -275,11 +275,11 @@ async fn a_writer_paused_past_its_lease_is_fenced(backend: Backend) {
         .app
         .state
         .store
-        .lookup("alice", "fence-1")
+        .lookup(&support::kid("alice", "fence-1"))
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(before.recovery_point, "payment_created");
+    assert_eq!(before.recovery_point.as_str(), "payment_created");
     assert_eq!(before.generation, 1);
 
     // While A's lease lives, a retry is refused...
@@ -295,7 +295,7 @@ async fn a_writer_paused_past_its_lease_is_fenced(backend: Backend) {
         .app
         .state
         .store
-        .lookup("alice", "fence-1")
+        .lookup(&support::kid("alice", "fence-1"))
         .await
         .unwrap()
         .unwrap();
@@ -318,7 +318,7 @@ async fn a_writer_paused_past_its_lease_is_fenced(backend: Backend) {
         .app
         .state
         .store
-        .lookup("alice", "fence-1")
+        .lookup(&support::kid("alice", "fence-1"))
         .await
         .unwrap()
         .unwrap();
@@ -385,7 +385,7 @@ async fn the_completer_finishes_an_abandoned_payment(backend: Backend) {
         .app
         .state
         .store
-        .lookup("alice", "comp-1")
+        .lookup(&support::kid("alice", "comp-1"))
         .await
         .unwrap()
         .unwrap();
@@ -479,12 +479,12 @@ async fn an_unreachable_processor_is_a_503_that_keeps_the_payment() {
     let rec = app
         .state
         .store
-        .lookup("alice", "ur-1")
+        .lookup(&support::kid("alice", "ur-1"))
         .await
         .unwrap()
         .unwrap();
     assert_eq!(rec.state, KeyState::InFlight);
-    assert_eq!(rec.recovery_point, "payment_created");
+    assert_eq!(rec.recovery_point.as_str(), "payment_created");
     assert!(rec.response.is_none(), "a 503 is never stored");
     let p = payment_by_key(&app.router, "ur-1").await.unwrap();
     assert_eq!(p["status"], "pending");
@@ -503,7 +503,7 @@ async fn without_a_processor_payments_answer_a_clear_503() {
     assert!(
         app.state
             .store
-            .lookup("alice", "np-1")
+            .lookup(&support::kid("alice", "np-1"))
             .await
             .unwrap()
             .is_none()
@@ -572,7 +572,7 @@ async fn a_malformed_failpoint_header_is_refused_before_the_claim() {
         e.app
             .state
             .store
-            .lookup("alice", "bad-1")
+            .lookup(&support::kid("alice", "bad-1"))
             .await
             .unwrap()
             .is_none()
@@ -596,7 +596,7 @@ async fn an_injected_error_rolls_back_and_releases_the_key(backend: Backend) {
         e.app
             .state
             .store
-            .lookup("alice", "inj-1")
+            .lookup(&support::kid("alice", "inj-1"))
             .await
             .unwrap()
             .is_none()
@@ -634,7 +634,7 @@ async fn an_injected_error_rolls_back_and_releases_the_key(backend: Backend) {
         e.app
             .state
             .store
-            .lookup("alice", "inj-2")
+            .lookup(&support::kid("alice", "inj-2"))
             .await
             .unwrap()
             .is_none()

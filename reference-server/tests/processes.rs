@@ -6,84 +6,41 @@
 
 mod support;
 
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
+use idem_test_support::ChildServer;
 use support::{Backend, TestDb};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::process::{Child, Command};
 
-/// A running `idem-server` and the base URL it announced.
-struct Server {
-    base: String,
-    child: Child,
-    stderr: Arc<tokio::sync::Mutex<String>>,
+/// Starts `idem-server` on `db_url` with `extra` flags and waits until
+/// `/healthz` answers.
+async fn start(db_url: &str, extra: &[&str]) -> ChildServer {
+    let server = ChildServer::command(env!("CARGO_BIN_EXE_idem-server"))
+        .args(["--listen", "127.0.0.1:0", "--database-url", db_url])
+        .args(extra)
+        .capture_stderr()
+        .start()
+        .await
+        .expect("start idem-server");
+    wait_ready(server.base_url()).await;
+    server
 }
 
-impl Server {
-    async fn start(db_url: &str, extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idem-server"))
-            .args(["--listen", "127.0.0.1:0", "--database-url", db_url])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn idem-server");
-        let stderr = Arc::new(tokio::sync::Mutex::new(String::new()));
-        let mut err = child.stderr.take().unwrap();
-        let sink = stderr.clone();
-        tokio::spawn(async move {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf).await {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .await
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-            .await
-            .expect("server announces itself within 60 s")
-            .unwrap()
-            .expect("a first stdout line");
-        // Keep draining stdout so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let base = first
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-            .to_owned();
-        let server = Server {
-            base,
-            child,
-            stderr,
-        };
-        server.wait_ready().await;
-        server
-    }
-
-    /// Polls /healthz with a bounded deadline.
-    async fn wait_ready(&self) {
-        let client = reqwest::Client::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = client.get(format!("{}/healthz", self.base)).send().await
-                && r.status() == 200
-            {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "{} never became ready",
-                self.base
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
+/// Polls /healthz with a bounded deadline.
+async fn wait_ready(base: &str) {
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(r) = client.get(format!("{base}/healthz")).send().await
+            && r.status() == 200
+        {
+            return;
         }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{base} never became ready"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -203,18 +160,18 @@ async fn gate(bases: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gate_one_process_on_sqlite() {
     let db = TestDb::new(Backend::Sqlite, "proc-sqlite").await.unwrap();
-    let server = Server::start(&db.url, &[]).await;
-    gate(std::slice::from_ref(&server.base)).await;
+    let server = start(&db.url, &[]).await;
+    gate(&[server.base_url().to_owned()]).await;
     // Test hooks are off unless asked for.
     let r = reqwest::Client::new()
-        .post(format!("{}/_test/clock", server.base))
+        .post(format!("{}/_test/clock", server.base_url()))
         .header("content-type", "application/json")
         .body(r#"{"advance_secs":1}"#)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status(), 404);
-    drop(server.child);
+    drop(server);
 }
 
 // clause: idem.concurrency.single-effect, idem.claim.atomic
@@ -223,9 +180,9 @@ async fn gate_one_process_on_postgres() {
     let Some(db) = TestDb::new(Backend::Postgres, "proc-postgres").await else {
         return;
     };
-    let server = Server::start(&db.url, &[]).await;
-    gate(std::slice::from_ref(&server.base)).await;
-    drop(server.child);
+    let server = start(&db.url, &[]).await;
+    gate(&[server.base_url().to_owned()]).await;
+    drop(server);
 }
 
 // clause: idem.concurrency.single-effect, idem.claim.atomic, idem.inflight.conflict
@@ -235,10 +192,10 @@ async fn gate_two_processes_sharing_one_postgres_database() {
         return;
     };
     // Both start at once: migrations are serialised by sqlx's advisory lock.
-    let (a, b) = tokio::join!(Server::start(&db.url, &[]), Server::start(&db.url, &[]));
-    assert_ne!(a.base, b.base);
-    gate(&[a.base.clone(), b.base.clone()]).await;
-    drop((a.child, b.child));
+    let (a, b) = tokio::join!(start(&db.url, &[]), start(&db.url, &[]));
+    assert_ne!(a.base_url(), b.base_url());
+    gate(&[a.base_url().to_owned(), b.base_url().to_owned()]).await;
+    drop((a, b));
 }
 
 // clause: idem.concurrency.single-effect, idem.claim.atomic
@@ -250,24 +207,24 @@ async fn gate_two_processes_sharing_one_sqlite_file() {
     let db = TestDb::new(Backend::Sqlite, "proc-two-sqlite")
         .await
         .unwrap();
-    let a = Server::start(&db.url, &[]).await;
-    let b = Server::start(&db.url, &[]).await;
-    gate(&[a.base.clone(), b.base.clone()]).await;
-    drop((a.child, b.child));
+    let a = start(&db.url, &[]).await;
+    let b = start(&db.url, &[]).await;
+    gate(&[a.base_url().to_owned(), b.base_url().to_owned()]).await;
+    drop((a, b));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn test_hooks_are_announced_loudly_and_move_the_clock() {
     let db = TestDb::new(Backend::Sqlite, "proc-hooks").await.unwrap();
-    let server = Server::start(&db.url, &["--test-hooks"]).await;
+    let server = start(&db.url, &["--test-hooks"]).await;
     assert!(
-        server.stderr.lock().await.contains("TEST HOOKS ARE ON"),
+        server.stderr().contains("TEST HOOKS ARE ON"),
         "stderr: {}",
-        server.stderr.lock().await
+        server.stderr()
     );
     let client = reqwest::Client::new();
     let r = client
-        .post(format!("{}/_test/clock", server.base))
+        .post(format!("{}/_test/clock", server.base_url()))
         .header("content-type", "application/json")
         .body(r#"{"advance_secs":90000}"#)
         .send()

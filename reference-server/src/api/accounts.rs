@@ -8,9 +8,10 @@ use sqlx::Row;
 use utoipa::ToSchema;
 
 use super::AppState;
+use axum_idempotency::{Store, with_pool};
+
+use super::auth::Principal;
 use crate::error::{Error, Result};
-use crate::store::Store;
-use crate::with_pool;
 
 /// Balance every seeded account starts with, in minor units.
 pub const SEED_BALANCE: i64 = 100_000;
@@ -89,7 +90,7 @@ async fn fetch(app: &AppState, owner: &str, id: Option<&str>) -> Result<Vec<Acco
 )]
 pub async fn list_accounts(
     State(app): State<AppState>,
-    caller: crate::Caller,
+    caller: Principal,
 ) -> Result<Json<AccountList>> {
     Ok(Json(AccountList {
         accounts: fetch(&app, &caller.0, None).await?,
@@ -110,7 +111,7 @@ pub async fn list_accounts(
 )]
 pub async fn get_account(
     State(app): State<AppState>,
-    caller: crate::Caller,
+    caller: Principal,
     Path(id): Path<String>,
 ) -> Result<Json<Account>> {
     fetch(&app, &caller.0, Some(&id))

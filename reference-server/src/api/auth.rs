@@ -1,5 +1,12 @@
 //! Bearer-token authentication: turns `Authorization: Bearer TOKEN` into a
-//! [`Caller`], the first half of every key's scope.
+//! [`Principal`] (who the request acts for: the handlers check ownership
+//! with it) and an `axum_idempotency::Caller` (who its idempotency keys
+//! belong to, clause `idem.scope.caller`).
+//!
+//! They are the same name here. They are two types because they are two
+//! decisions: an application may scope keys per tenant while it checks
+//! ownership per user, and a deliberately flawed build (`global-keys`)
+//! changes only the scope.
 //!
 //! It runs *before* the idempotency layer, so an unauthenticated request is
 //! rejected without touching any key (clause `idem.failure.unclaimed`).
@@ -9,9 +16,28 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum_idempotency::Caller;
+
 use super::AppState;
 use crate::error::Error;
-use crate::layer::Caller;
+
+/// The authenticated caller's name, for ownership checks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Principal {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Error> {
+        parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .ok_or(Error::Unauthenticated("send Authorization: Bearer <token>"))
+    }
+}
 
 /// axum middleware: 401 problem unless the request carries a known token.
 pub async fn require_bearer(
@@ -35,6 +61,7 @@ pub async fn require_bearer(
     let Some(caller) = token.and_then(|t| state.tokens.get(t)) else {
         return Error::Unauthenticated("unknown or malformed bearer token").into_response();
     };
-    req.extensions_mut().insert(Caller(caller.clone()));
+    req.extensions_mut().insert(Principal(caller.clone()));
+    req.extensions_mut().insert(Caller::new(caller.clone()));
     next.run(req).await
 }

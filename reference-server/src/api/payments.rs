@@ -1,8 +1,9 @@
 //! The example multi-step endpoint: `POST /v1/payments` charges a card at
-//! an external payment processor (`idem-fake-processor`), which no database
+//! an external payment processor (over HTTP, [`crate::processor`]; tests and
+//! the demo run `idem-fake-processor` as that processor), which no database
 //! rollback can undo.
 //!
-//! Its phases ([`crate::multistep`] explains the machinery):
+//! Its phases (`axum_idempotency::multistep` explains the machinery):
 //!
 //! | from | does | reaches |
 //! |---|---|---|
@@ -12,7 +13,7 @@
 //!
 //! The outbound key is `idemkit-processor-{40 hex}`, the SHA-256 of
 //! (caller, key, first-claim time, `processor`) (see
-//! [`Phase::foreign_key`]): the same for every attempt of one request, and
+//! `Phase::foreign_key`): the same for every attempt of one request, and
 //! different for different callers, keys, or a key reused after its replay
 //! window. A crash between the call and its commit makes the resumed
 //! request call again with the same key, and the processor answers with
@@ -22,23 +23,59 @@
 //! with `Retry-After`, not stored; the key stays at `payment_created` with
 //! its lease ended, so a retry with the same key resumes there. A decline
 //! is final: 402 `payment_declined`, stored and replayed.
+//!
+//! The failpoints it passes (with `--test-hooks`, besides the generic
+//! `after=started`), in order ([`PAYMENT_FAILPOINTS`]):
+//!
+//! | failpoint | where |
+//! |---|---|
+//! | `before=payment_created` | phase 1's writes done, not committed |
+//! | `after=payment_created` | phase 1 committed |
+//! | `before=charge-call` | intent committed, processor not yet called |
+//! | `after=charge-call` | processor answered, nothing of it committed |
+//! | `before=charge_created` | charge id written, not committed |
+//! | `after=charge_created` | phase 2 committed |
+//! | `before=finished` | receipt job staged and response stored, not committed |
+//! | `after=finished` | final response committed, not yet sent |
+//!
+//! A crash at `after=charge-call` or `before=charge_created` falls between
+//! the foreign call and its commit: the resumed request calls the processor
+//! once more with the same outbound key, and the processor deduplicates it.
+//! Every other crash point is between phases and repeats no call.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::IntoResponse;
-use idem_fake_processor::{ChargeOutcome, ChargeRequest, ProcessorClient};
+use axum_idempotency::clock::Clock;
+use axum_idempotency::failpoint::Position;
+use axum_idempotency::jobs::Deliver;
+use axum_idempotency::multistep::{MultiStep, Next, Phase};
+use axum_idempotency::store::{StagedJob, StagedJobs};
+use axum_idempotency::{RecoveryPoint, Store, with_conn, with_pool};
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
 use utoipa::ToSchema;
 
-use super::AppState;
-use crate::clock::to_rfc3339;
+use super::auth::Principal;
+use super::{AppState, to_rfc3339};
 use crate::error::{Error, Result};
-use crate::failpoint::Position;
-use crate::layer::Caller;
-use crate::multistep::{MultiStep, Next, Phase};
-use crate::{with_conn, with_pool};
+use crate::processor::{ChargeOutcome, ChargeRequest, Processor};
+
+/// Every failpoint `POST /v1/payments` passes, in order (see the module docs).
+pub const PAYMENT_FAILPOINTS: [&str; 8] = [
+    "before=payment_created",
+    "after=payment_created",
+    "before=charge-call",
+    "after=charge-call",
+    "before=charge_created",
+    "after=charge_created",
+    "before=finished",
+    "after=finished",
+];
+
+/// The staged-job kind of a payment receipt.
+pub const RECEIPT_JOB: &str = "send_receipt";
 
 /// Largest amount one payment may charge, in minor units.
 pub const MAX_AMOUNT: i64 = 1_000_000_000_000;
@@ -152,12 +189,12 @@ pub struct ReceiptList {
 /// The `POST /v1/payments` endpoint: its phases and the processor client.
 #[derive(Debug, Clone)]
 pub struct Payments {
-    processor: ProcessorClient,
+    processor: Processor,
 }
 
 impl Payments {
-    /// Payments charged at the processor `client` talks to.
-    pub fn new(processor: ProcessorClient) -> Self {
+    /// Payments charged at `processor`.
+    pub fn new(processor: Processor) -> Self {
         Self { processor }
     }
 }
@@ -166,13 +203,29 @@ const SELECT_PAYMENTS: &str = "SELECT id, idempotency_key, amount, currency, sou
      status, charge_id, failure_code, charge_attempts, generation, created_at FROM payments \
      WHERE owner = $1";
 
-fn payment_id(p: &Phase<'_>) -> String {
+fn payment_id(p: &Phase<'_, Store>) -> String {
     format!("pay_{}", &p.derive("payment")[..24])
 }
 
-impl MultiStep for Payments {
-    async fn phase(&self, from: &str, p: &mut Phase<'_>) -> Result<Next> {
-        match from {
+/// The original request's body, as a [`NewPayment`]: 415 unless it was sent
+/// as JSON, 400 when broken, 422 when it does not fit. All final (4xx).
+fn new_payment(p: &Phase<'_, Store>) -> Result<NewPayment> {
+    let request = p.request();
+    let ct = request.content_type.as_deref().unwrap_or_default();
+    if !idem_spec::fingerprint::is_json_media_type(ct) {
+        return Err(Error::UnsupportedMediaType(format!(
+            "send the body as application/json (got {:?})",
+            if ct.is_empty() { "no Content-Type" } else { ct }
+        )));
+    }
+    super::json::parse(&request.body)
+}
+
+impl MultiStep<Store> for Payments {
+    type Error = Error;
+
+    async fn phase(&self, from: &RecoveryPoint, p: &mut Phase<'_, Store>) -> Result<Next> {
+        match from.as_str() {
             "started" => insert_payment(p).await,
             "payment_created" => self.charge(p).await,
             "charge_created" => finish(p).await,
@@ -185,14 +238,14 @@ impl MultiStep for Payments {
 
 /// Phase 1, inside the claim's transaction: the payment row and, with it,
 /// the outbound key the processor will see (the intent's first half).
-async fn insert_payment(p: &mut Phase<'_>) -> Result<Next> {
-    let req: NewPayment = p.json()?;
+async fn insert_payment(p: &mut Phase<'_, Store>) -> Result<Next> {
+    let req = new_payment(p)?;
     req.validate()?;
     let id = payment_id(p);
     let outbound = p.foreign_key("processor")?;
     let (caller, key, generation, now) = (
-        p.caller().to_owned(),
-        p.key().to_owned(),
+        p.caller().as_str().to_owned(),
+        p.key().as_str().to_owned(),
         p.generation(),
         p.now(),
     );
@@ -222,8 +275,8 @@ async fn insert_payment(p: &mut Phase<'_>) -> Result<Next> {
 impl Payments {
     /// Phase 2: record the intent, call the processor (no transaction
     /// open), record its answer.
-    async fn charge(&self, p: &mut Phase<'_>) -> Result<Next> {
-        let req: NewPayment = p.json()?;
+    async fn charge(&self, p: &mut Phase<'_, Store>) -> Result<Next> {
+        let req = new_payment(p)?;
         let id = payment_id(p);
         let outbound = p.foreign_key("processor")?;
         let (generation, now) = (p.generation(), p.now());
@@ -247,7 +300,7 @@ impl Payments {
             source: req.source.clone(),
             description: Some(format!("idemkit payment {id}")),
         };
-        let outcome = self.processor.create_charge(&outbound, &charge, None).await;
+        let outcome = self.processor.charge(&outbound, &charge).await;
         p.failpoint(Position::After, "charge-call").await;
         let outcome = match outcome {
             Ok(o) => o,
@@ -263,7 +316,7 @@ impl Payments {
         };
         let (generation, now) = (p.generation(), p.now());
         match outcome {
-            ChargeOutcome::Created(charge) | ChargeOutcome::Replayed(charge) => {
+            ChargeOutcome::Charged(charge) => {
                 let tx = p.tx().await?;
                 with_conn!(tx, c => {
                     sqlx::query(
@@ -279,7 +332,7 @@ impl Payments {
                 });
                 Ok(Next::Commit("charge_created"))
             }
-            ChargeOutcome::Declined { charge, .. } => {
+            ChargeOutcome::Declined(charge) => {
                 let code = charge.failure_code.clone().unwrap_or_default();
                 let tx = p.tx().await?;
                 with_conn!(tx, c => {
@@ -308,8 +361,8 @@ impl Payments {
                 retry_after_secs: retry_after.map_or(1, |d| d.as_secs().max(1)),
             }),
             // The processor failed on its side: transient, like a 503.
-            ChargeOutcome::Rejected { status, problem } if status >= 500 => {
-                tracing::warn!(payment = %id, status, code = %problem.code, "processor error");
+            ChargeOutcome::Failed { status, code } if status >= 500 => {
+                tracing::warn!(payment = %id, status, code = ?code, "processor error");
                 Err(Error::UpstreamUnavailable {
                     detail: "the payment processor failed; retry with the same Idempotency-Key: \
                              the payment resumes where it stopped"
@@ -318,9 +371,8 @@ impl Payments {
                 })
             }
             // Our request was refused: a bug here, not the client's fault.
-            ChargeOutcome::Rejected { status, problem } => Err(Error::Internal(format!(
-                "the processor rejected payment {id} with {status}: {}",
-                problem.code
+            ChargeOutcome::Failed { status, code } => Err(Error::Internal(format!(
+                "the processor rejected payment {id} with {status}: {code:?}"
             ))),
         }
     }
@@ -328,9 +380,10 @@ impl Payments {
 
 /// Phase 3: mark the payment succeeded, stage the receipt job, and answer
 /// 201; the driver stores the response in the same transaction.
-async fn finish(p: &mut Phase<'_>) -> Result<Next> {
+async fn finish(p: &mut Phase<'_, Store>) -> Result<Next> {
     let id = payment_id(p);
-    let (caller, generation, now) = (p.caller().to_owned(), p.generation(), p.now());
+    let (caller, generation, now) = (p.caller().as_str().to_owned(), p.generation(), p.now());
+    let store = p.store().clone();
     let tx = p.tx().await?;
     let payment = with_conn!(tx, c => {
         sqlx::query(
@@ -349,17 +402,17 @@ async fn finish(p: &mut Phase<'_>) -> Result<Next> {
             .await?;
         decode(&row)?
     });
-    crate::jobs::stage_receipt(
-        tx,
-        &serde_json::json!({
-            "payment_id": payment.id,
-            "owner": caller,
-            "amount": payment.amount,
-            "currency": payment.currency,
-        }),
-        now,
-    )
-    .await?;
+    // Staged in the transaction that finishes the payment: the receipt
+    // exists only if the payment's final commit does.
+    let receipt = serde_json::json!({
+        "payment_id": payment.id,
+        "owner": caller,
+        "amount": payment.amount,
+        "currency": payment.currency,
+    });
+    store
+        .stage(tx, RECEIPT_JOB, &receipt.to_string(), now)
+        .await?;
     let mut response = (StatusCode::CREATED, Json(&payment)).into_response();
     if let Ok(v) = HeaderValue::from_str(&format!("/v1/payments/{}", payment.id)) {
         response.headers_mut().insert(header::LOCATION, v);
@@ -440,7 +493,7 @@ pub async fn create_payment(
 )]
 pub async fn list_payments(
     State(app): State<AppState>,
-    caller: Caller,
+    caller: Principal,
     axum::extract::Query(q): axum::extract::Query<std::collections::BTreeMap<String, String>>,
 ) -> Result<Json<PaymentList>> {
     // One filter at a time; the column names are fixed here, never taken
@@ -469,7 +522,7 @@ pub async fn list_payments(
 )]
 pub async fn get_payment(
     State(app): State<AppState>,
-    caller: Caller,
+    caller: Principal,
     Path(id): Path<String>,
 ) -> Result<Json<Payment>> {
     fetch(&app, &caller.0, Some(("id", id.as_str())))
@@ -505,7 +558,7 @@ async fn fetch(app: &AppState, owner: &str, filter: Option<(&str, &str)>) -> Res
 )]
 pub async fn list_receipts(
     State(app): State<AppState>,
-    caller: Caller,
+    caller: Principal,
 ) -> Result<Json<ReceiptList>> {
     let receipts = with_pool!(&app.store, p => {
         let rows = sqlx::query(
@@ -531,4 +584,58 @@ pub async fn list_receipts(
         count: receipts.len(),
         receipts,
     }))
+}
+
+#[derive(serde::Deserialize)]
+struct ReceiptPayload {
+    payment_id: String,
+    owner: String,
+    amount: i64,
+    currency: String,
+}
+
+/// Delivers staged receipt jobs into the `receipts` table (the observable
+/// "queue" of this example, `GET /v1/receipts`). It is in the same database,
+/// so a delivery commits with the deletion of its staged row; keyed by the
+/// job id, it would also absorb a redelivery from a real queue.
+#[derive(Debug, Clone)]
+pub struct Receipts {
+    clock: std::sync::Arc<dyn Clock>,
+}
+
+impl Receipts {
+    /// Delivers with times from `clock`.
+    pub fn new(clock: std::sync::Arc<dyn Clock>) -> Self {
+        Self { clock }
+    }
+}
+
+impl Deliver<Store> for Receipts {
+    async fn deliver(
+        &self,
+        job: &StagedJob,
+        tx: &mut axum_idempotency::store::DbTx,
+    ) -> axum_idempotency::Result<bool> {
+        if job.kind != RECEIPT_JOB {
+            return Ok(false);
+        }
+        let p: ReceiptPayload = serde_json::from_str(&job.payload).map_err(|e| {
+            axum_idempotency::Error::Internal(format!("staged job {} unreadable: {e}", job.id))
+        })?;
+        with_conn!(tx, c => {
+            sqlx::query(
+                "INSERT INTO receipts (job_id, payment_id, owner, amount, currency, enqueued_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (job_id) DO NOTHING",
+            )
+            .bind(job.id)
+            .bind(&p.payment_id)
+            .bind(&p.owner)
+            .bind(p.amount)
+            .bind(&p.currency)
+            .bind(self.clock.now_ms())
+            .execute(&mut *c)
+            .await?;
+        });
+        Ok(true)
+    }
 }

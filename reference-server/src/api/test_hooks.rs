@@ -1,6 +1,6 @@
 //! Routes that exist only with `--test-hooks`: they let a test move the
 //! server's clock, run the reaper, completer and enqueuer on demand, and
-//! watch and release paused [failpoints](crate::failpoint), so
+//! watch and release paused failpoints (`axum_idempotency::failpoint`), so
 //! replay-window, retention, lease and crash behaviour can be checked in
 //! milliseconds.
 //!
@@ -13,9 +13,8 @@ use axum::extract::State;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::AppState;
 use super::json::ApiJson;
-use crate::clock::to_rfc3339;
+use super::{AppState, to_rfc3339};
 use crate::error::{Error, Result};
 
 /// Body of `POST /_test/clock`.
@@ -69,7 +68,7 @@ pub async fn advance_clock(
 
 /// `POST /_test/reap`: runs one reaper pass now.
 pub async fn reap(State(app): State<AppState>) -> Result<Json<ReapResult>> {
-    let report = crate::reaper::reap_once(&app.store, app.clock.as_ref()).await?;
+    let report = axum_idempotency::reaper::reap_once(&app.store, app.clock.as_ref()).await?;
     Ok(Json(ReapResult {
         deleted: report.deleted,
         unfinished: report.unfinished.len(),
@@ -77,9 +76,12 @@ pub async fn reap(State(app): State<AppState>) -> Result<Json<ReapResult>> {
 }
 
 /// `POST /_test/complete`: runs one completer pass now.
-pub async fn complete(State(app): State<AppState>) -> Result<Json<crate::jobs::CompleterReport>> {
+pub async fn complete(
+    State(app): State<AppState>,
+) -> Result<Json<axum_idempotency::jobs::CompleterReport>> {
     Ok(Json(
-        crate::jobs::complete_once(&app.store, app.clock.as_ref(), &app.multistep).await?,
+        axum_idempotency::jobs::complete_once(&app.store, app.clock.as_ref(), &app.multistep)
+            .await?,
     ))
 }
 
@@ -93,7 +95,11 @@ pub struct EnqueueResult {
 /// `POST /_test/enqueue`: runs one enqueuer pass now.
 pub async fn enqueue(State(app): State<AppState>) -> Result<Json<EnqueueResult>> {
     Ok(Json(EnqueueResult {
-        delivered: crate::jobs::enqueue_once(&app.store, app.clock.as_ref()).await?,
+        delivered: axum_idempotency::jobs::enqueue_once(
+            &app.store,
+            &super::payments::Receipts::new(app.clock.clone()),
+        )
+        .await?,
     }))
 }
 
@@ -107,13 +113,23 @@ pub struct PausedFailpoints {
 /// `GET /_test/failpoints`: the requests paused right now.
 pub async fn failpoints(State(app): State<AppState>) -> Json<PausedFailpoints> {
     Json(PausedFailpoints {
-        paused: app.engine.failpoints().paused(),
+        paused: app
+            .failpoints
+            .as_ref()
+            .map(|f| f.paused())
+            .unwrap_or_default(),
     })
 }
 
 /// `POST /_test/failpoints/release`: releases every paused request.
 pub async fn release(State(app): State<AppState>) -> Json<PausedFailpoints> {
-    let paused = app.engine.failpoints().paused();
-    app.engine.failpoints().release_all();
+    let paused = app
+        .failpoints
+        .as_ref()
+        .map(|f| f.paused())
+        .unwrap_or_default();
+    if let Some(f) = &app.failpoints {
+        f.release_all();
+    }
     Json(PausedFailpoints { paused })
 }

@@ -19,10 +19,11 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::json::ApiJson;
-use crate::clock::to_rfc3339;
+use axum_idempotency::{IdemTx, Store, with_conn, with_pool};
+
+use super::auth::Principal;
+use super::to_rfc3339;
 use crate::error::{Error, Result};
-use crate::layer::{Caller, IdemTx};
-use crate::{with_conn, with_pool};
 
 /// Largest amount one transfer may move, in minor units.
 pub const MAX_AMOUNT: i64 = 1_000_000_000_000;
@@ -132,8 +133,8 @@ const INSERT: &str = "INSERT INTO transfers \
 // ANCHOR: handler
 pub async fn create_transfer(
     State(app): State<AppState>,
-    tx: IdemTx,
-    caller: Caller,
+    tx: IdemTx<Store>,
+    caller: Principal,
     headers: axum::http::HeaderMap,
     ApiJson(req): ApiJson<NewTransfer>,
 ) -> Result<Response> {
@@ -248,7 +249,7 @@ pub struct TransferFilter {
 )]
 pub async fn list_transfers(
     State(app): State<AppState>,
-    caller: Caller,
+    caller: Principal,
     filter: Result<axum::extract::Query<TransferFilter>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<TransferList>> {
     let axum::extract::Query(filter) =
@@ -283,7 +284,7 @@ pub async fn list_transfers(
 )]
 pub async fn get_transfer(
     State(app): State<AppState>,
-    caller: Caller,
+    caller: Principal,
     Path(id): Path<String>,
 ) -> Result<Json<Transfer>> {
     let sql = format!("{SELECT_TRANSFERS} AND id = $2");

@@ -8,109 +8,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, Request, StatusCode};
-use axum::routing::post;
+use axum_idempotency::{Caller, IdempotencyKey, KeyId, Store, with_conn};
+use idem_server::api::auth::Principal;
 use idem_server::app::App;
 use idem_server::config::Cli;
-use idem_server::{IdempotencyLayer, with_conn};
-use sqlx::Connection;
 use tokio::sync::{Semaphore, mpsc};
 use tower::ServiceExt;
 
-/// Which store a test runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-/// A database that exists for one test and is removed afterwards.
-pub struct TestDb {
-    pub url: String,
-    cleanup: Cleanup,
-}
-
-enum Cleanup {
-    Files(Vec<std::path::PathBuf>),
-    Schema { admin_url: String, schema: String },
-}
-
-impl TestDb {
-    /// A fresh database, or `None` (after a loud SKIPPED line) when the
-    /// backend is Postgres and IDEM_TEST_DATABASE_URL is unset.
-    pub async fn new(backend: Backend, test: &str) -> Option<Self> {
-        match backend {
-            Backend::Sqlite => {
-                let path = std::env::temp_dir().join(format!(
-                    "idem-test-{}-{}.db",
-                    test,
-                    uuid::Uuid::new_v4().simple()
-                ));
-                let files = ["", "-wal", "-shm"]
-                    .iter()
-                    .map(|s| std::path::PathBuf::from(format!("{}{s}", path.display())))
-                    .collect();
-                Some(Self {
-                    url: format!("sqlite://{}", path.display()),
-                    cleanup: Cleanup::Files(files),
-                })
-            }
-            Backend::Postgres => {
-                let Ok(admin_url) = std::env::var("IDEM_TEST_DATABASE_URL") else {
-                    eprintln!(
-                        "\n*** SKIPPED {test} on PostgreSQL: IDEM_TEST_DATABASE_URL is not set ***\n"
-                    );
-                    return None;
-                };
-                let schema = format!("idem_t_{}", uuid::Uuid::new_v4().simple());
-                let mut conn = sqlx::PgConnection::connect(&admin_url)
-                    .await
-                    .expect("connect to IDEM_TEST_DATABASE_URL");
-                sqlx::query(&format!("CREATE SCHEMA {schema}"))
-                    .execute(&mut conn)
-                    .await
-                    .expect("create schema");
-                conn.close().await.ok();
-                let sep = if admin_url.contains('?') { '&' } else { '?' };
-                Some(Self {
-                    url: format!("{admin_url}{sep}options=-c%20search_path%3D{schema}"),
-                    cleanup: Cleanup::Schema { admin_url, schema },
-                })
-            }
-        }
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        match &self.cleanup {
-            Cleanup::Files(files) => {
-                for f in files {
-                    let _ = std::fs::remove_file(f);
-                }
-            }
-            Cleanup::Schema { admin_url, schema } => {
-                let (url, schema) = (admin_url.clone(), schema.clone());
-                // Drop runs inside a runtime; do the async cleanup on a thread
-                // with its own runtime, and wait for it.
-                let _ = std::thread::spawn(move || {
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                        .unwrap();
-                    rt.block_on(async {
-                        if let Ok(mut c) = sqlx::PgConnection::connect(&url).await {
-                            let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-                                .execute(&mut c)
-                                .await;
-                            let _ = c.close().await;
-                        }
-                    });
-                })
-                .join();
-            }
-        }
-    }
-}
+#[allow(unused_imports)]
+pub use idem_test_support::{Backend, TestDb, both, db};
 
 /// Builds the app on `db` with extra flags (`--test-hooks` is always on).
 pub async fn app(db: &TestDb, extra: &[&str]) -> App {
@@ -274,8 +180,8 @@ impl GateHandle {
 
 async fn gated(
     axum::extract::State(gate): axum::extract::State<Gate>,
-    tx: idem_server::IdemTx,
-    caller: idem_server::Caller,
+    tx: axum_idempotency::IdemTx<Store>,
+    caller: Principal,
 ) -> Result<(StatusCode, HeaderMap, String), idem_server::Error> {
     let n = gate.executions.fetch_add(1, Ordering::SeqCst) + 1;
     if gate.writes.load(Ordering::SeqCst) {
@@ -311,14 +217,10 @@ pub fn with_gate(app: &App) -> (Router, GateHandle) {
         status: Arc::new(std::sync::Mutex::new(201)),
         writes: Arc::new(std::sync::atomic::AtomicBool::new(true)),
     };
-    let layer = IdempotencyLayer::new(app.state.engine.clone()).replay_header("x-execution");
-    let gated_routes = Router::new()
-        .route("/gated", post(gated).layer(layer))
-        .route_layer(axum::middleware::from_fn_with_state(
-            app.state.clone(),
-            idem_server::api::auth::require_bearer,
-        ))
-        .with_state(gate.clone());
+    // The same wiring as the app's own idempotent routes (flaws included).
+    let route = idem_server::app::idempotent(&app.state, gated, gate.clone(), &["x-execution"]);
+    let gated_routes: Router =
+        idem_server::app::with_auth(Router::new().route("/gated", route), &app.state);
     let profile = app.state.profile;
     let router = app
         .router
@@ -341,20 +243,7 @@ pub fn gated_req(token: &str, key: &str, body: &str) -> Request<Body> {
         .unwrap()
 }
 
-/// Declares a shared test body twice, as `NAME::sqlite` and
-/// `NAME::postgres`, each calling `NAME(Backend)`.
-#[macro_export]
-macro_rules! both {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name($crate::support::Backend::Sqlite).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                super::$name($crate::support::Backend::Postgres).await
-            }
-        }
-    };
+/// The record identity of `key` sent by `caller`.
+pub fn kid(caller: &str, key: &str) -> KeyId {
+    KeyId::new(Caller::new(caller), IdempotencyKey::parse(key).unwrap())
 }

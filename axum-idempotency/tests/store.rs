@@ -1,36 +1,64 @@
-//! One store test suite, run against SQLite and PostgreSQL.
+//! One store test suite, run against SQLite and PostgreSQL (through
+//! [`Store`], so both concrete stores are exercised).
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
-use idem_server::Error;
-use idem_server::store::{
-    ClaimOutcome, ClaimRequest, KeyStore, Store, StoredHeader, StoredResponse,
+use axum_idempotency::store::{
+    ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyStore, Store, StoredHeader, StoredRequest,
+    StoredResponse, Unfinished,
 };
-use idem_server::with_pool;
+use axum_idempotency::{
+    Caller, Error, Fence, Fingerprint, IdempotencyKey, KeyId, RecoveryPoint, with_pool,
+};
 use idem_spec::KeyState;
-use support::{Backend, TestDb};
+use idem_test_support::{Backend, TestDb, both, db};
 
 const HOUR: i64 = 3_600_000;
 
 async fn store(db: &TestDb) -> Store {
-    Store::connect(&db.url, 4).await.unwrap()
+    let s = Store::connect(&db.url, 4).await.unwrap();
+    s.migrate().await.unwrap();
+    // Idempotent: a second start migrates nothing and fails nothing.
+    s.migrate().await.unwrap();
+    s
 }
 
-fn req<'a>(caller: &'a str, key: &'a str, fingerprint: &'a str, now: i64) -> ClaimRequest<'a> {
-    ClaimRequest {
-        caller,
-        key,
-        fingerprint,
-        method: "POST",
-        path: "/v1/things",
-        content_type: Some("application/json"),
-        body: b"{}",
+fn id(caller: &str, key: &str) -> KeyId {
+    KeyId::new(Caller::new(caller), IdempotencyKey::parse(key).unwrap())
+}
+
+fn fp(name: &str) -> Fingerprint {
+    Fingerprint::compute("POST", name, None, b"")
+}
+
+fn request() -> StoredRequest {
+    StoredRequest {
+        method: "POST".into(),
+        path: "/v1/things".into(),
+        content_type: Some("application/json".into()),
+        body: axum::body::Bytes::from_static(b"{}"),
+    }
+}
+
+/// Claims (caller, key) with fingerprint `f` at `now`.
+async fn claim(
+    s: &Store,
+    caller: &str,
+    key: &str,
+    f: &str,
+    now: i64,
+) -> ClaimOutcome<axum_idempotency::store::DbTx> {
+    let (id, fingerprint, request) = (id(caller, key), fp(f), request());
+    s.claim(&ClaimRequest {
+        id: &id,
+        fingerprint: &fingerprint,
+        request: &request,
         now,
         lease_expires_at: now + 60_000,
         replay_until: now + 24 * HOUR,
         expires_at: now + 72 * HOUR,
-    }
+    })
+    .await
+    .unwrap()
 }
 
 fn response() -> StoredResponse {
@@ -45,16 +73,7 @@ fn response() -> StoredResponse {
     }
 }
 
-macro_rules! db {
-    ($b:expr, $name:expr) => {
-        match TestDb::new($b, $name).await {
-            Some(db) => db,
-            None => return,
-        }
-    };
-}
-
-fn claimed<T>(o: ClaimOutcome<T>) -> idem_server::store::Claimed<T> {
+fn claimed<T>(o: ClaimOutcome<T>) -> Claimed<T> {
     match o {
         ClaimOutcome::Claimed(c) => c,
         ClaimOutcome::Busy => panic!("expected Claimed, got Busy"),
@@ -62,22 +81,48 @@ fn claimed<T>(o: ClaimOutcome<T>) -> idem_server::store::Claimed<T> {
     }
 }
 
+/// Stores the final response under `fence` and commits.
+async fn complete(
+    s: &Store,
+    mut tx: axum_idempotency::store::DbTx,
+    fence: &Fence,
+    now: i64,
+) -> Result<(), Error> {
+    match s
+        .write_fenced(&mut tx, fence, FencedWrite::Final(&response()), now)
+        .await
+    {
+        Ok(()) => s.commit(tx).await,
+        Err(e) => {
+            s.rollback(tx).await?;
+            Err(e)
+        }
+    }
+}
+
+fn point(name: &str) -> RecoveryPoint {
+    RecoveryPoint::new(name).unwrap()
+}
+
 // clause: idem.state.three-states, idem.replay.verbatim, idem.claim.transactional
 async fn claim_complete_lookup_round_trip(b: Backend) {
     let db = db!(b, "store-roundtrip");
     let s = store(&db).await;
-    assert!(s.lookup("alice", "k").await.unwrap().is_none(), "absent");
-    let c = claimed(s.claim(&req("alice", "k", "fp1", 1_000)).await.unwrap());
-    assert_eq!(c.generation, 1);
+    assert!(
+        s.lookup(&id("alice", "k")).await.unwrap().is_none(),
+        "absent"
+    );
+    let c = claimed(claim(&s, "alice", "k", "fp1", 1_000).await);
+    assert_eq!(c.fence.generation(), 1);
     // Uncommitted: other readers still see the key as absent.
-    assert!(s.lookup("alice", "k").await.unwrap().is_none());
-    s.complete(c.tx, "alice", "k", 1, &response(), 2_000)
+    assert!(s.lookup(&id("alice", "k")).await.unwrap().is_none());
+    complete(&s, c.tx, &id("alice", "k").fence(1), 2_000)
         .await
         .unwrap();
-    let rec = s.lookup("alice", "k").await.unwrap().unwrap();
+    let rec = s.lookup(&id("alice", "k")).await.unwrap().unwrap();
     assert_eq!(rec.state, KeyState::Complete);
-    assert_eq!(rec.fingerprint, "fp1");
-    assert_eq!(rec.recovery_point, "finished");
+    assert_eq!(rec.fingerprint, fp("fp1"));
+    assert_eq!(rec.recovery_point.as_str(), "finished");
     assert_eq!(
         rec.response,
         Some(response()),
@@ -90,12 +135,12 @@ async fn claim_complete_lookup_round_trip(b: Backend) {
     );
     // A complete key inside its window cannot be claimed again.
     assert!(matches!(
-        s.claim(&req("alice", "k", "fp1", 3_000)).await.unwrap(),
+        claim(&s, "alice", "k", "fp1", 3_000).await,
         ClaimOutcome::Taken
     ));
     // Other caller, same key: its own record.
-    let other = claimed(s.claim(&req("bob", "k", "fp1", 3_000)).await.unwrap());
-    s.abandon(other.tx).await.unwrap();
+    let other = claimed(claim(&s, "bob", "k", "fp1", 3_000).await);
+    s.rollback(other.tx).await.unwrap();
 }
 both!(claim_complete_lookup_round_trip);
 
@@ -103,12 +148,12 @@ both!(claim_complete_lookup_round_trip);
 async fn abandon_leaves_the_key_absent(b: Backend) {
     let db = db!(b, "store-abandon");
     let s = store(&db).await;
-    let c = claimed(s.claim(&req("alice", "k", "fp1", 1_000)).await.unwrap());
-    s.abandon(c.tx).await.unwrap();
-    assert!(s.lookup("alice", "k").await.unwrap().is_none());
-    let again = claimed(s.claim(&req("alice", "k", "fp2", 2_000)).await.unwrap());
-    assert_eq!(again.generation, 1, "nothing was ever committed");
-    s.abandon(again.tx).await.unwrap();
+    let c = claimed(claim(&s, "alice", "k", "fp1", 1_000).await);
+    s.rollback(c.tx).await.unwrap();
+    assert!(s.lookup(&id("alice", "k")).await.unwrap().is_none());
+    let again = claimed(claim(&s, "alice", "k", "fp2", 2_000).await);
+    assert_eq!(again.fence.generation(), 1, "nothing was ever committed");
+    s.rollback(again.tx).await.unwrap();
 }
 both!(abandon_leaves_the_key_absent);
 
@@ -116,13 +161,17 @@ both!(abandon_leaves_the_key_absent);
 async fn a_commit_with_a_stale_generation_is_refused_and_changes_nothing(b: Backend) {
     let db = db!(b, "store-fence");
     let s = store(&db).await;
-    let c = claimed(s.claim(&req("alice", "k", "fp1", 1_000)).await.unwrap());
-    let err = s
-        .complete(c.tx, "alice", "k", c.generation + 7, &response(), 2_000)
-        .await;
+    let c = claimed(claim(&s, "alice", "k", "fp1", 1_000).await);
+    let err = complete(
+        &s,
+        c.tx,
+        &id("alice", "k").fence(c.fence.generation() + 7),
+        2_000,
+    )
+    .await;
     assert!(matches!(err, Err(Error::Fenced)), "{err:?}");
     assert!(
-        s.lookup("alice", "k").await.unwrap().is_none(),
+        s.lookup(&id("alice", "k")).await.unwrap().is_none(),
         "rolled back"
     );
 }
@@ -132,18 +181,18 @@ both!(a_commit_with_a_stale_generation_is_refused_and_changes_nothing);
 async fn reclaim_after_the_window_or_an_expired_lease_bumps_the_generation(b: Backend) {
     let db = db!(b, "store-reclaim");
     let s = store(&db).await;
-    let c = claimed(s.claim(&req("alice", "k", "fp1", 0)).await.unwrap());
-    s.complete(c.tx, "alice", "k", 1, &response(), 10)
+    let c = claimed(claim(&s, "alice", "k", "fp1", 0).await);
+    complete(&s, c.tx, &id("alice", "k").fence(1), 10)
         .await
         .unwrap();
     let late = 24 * HOUR;
-    let c2 = claimed(s.claim(&req("alice", "k", "fp-new", late)).await.unwrap());
-    assert_eq!(c2.generation, 2);
-    s.complete(c2.tx, "alice", "k", 2, &response(), late + 1)
+    let c2 = claimed(claim(&s, "alice", "k", "fp-new", late).await);
+    assert_eq!(c2.fence.generation(), 2);
+    complete(&s, c2.tx, &id("alice", "k").fence(2), late + 1)
         .await
         .unwrap();
-    let rec = s.lookup("alice", "k").await.unwrap().unwrap();
-    assert_eq!((rec.fingerprint.as_str(), rec.created_at), ("fp-new", late));
+    let rec = s.lookup(&id("alice", "k")).await.unwrap().unwrap();
+    assert_eq!((rec.fingerprint, rec.created_at), (fp("fp-new"), late));
 
     // A committed in-flight record (what a multi-step request leaves between
     // phases): taken while its lease lives, taken over once it expires at
@@ -156,33 +205,28 @@ async fn reclaim_after_the_window_or_an_expired_lease_bumps_the_generation(b: Ba
             sqlx::query(
                 "INSERT INTO idempotency_keys (caller, idem_key, fingerprint, state, recovery_point, \
                  generation, locked_at, lease_expires_at, created_at, replay_until, expires_at, \
-                 request_method, request_path) VALUES ('alice', $1, 'fp', 'in_flight', $2, 5, 0, \
+                 request_method, request_path) VALUES ('alice', $1, $5, 'in_flight', $2, 5, 0, \
                  60000, 0, $3, $4, 'POST', '/v1/things')",
             )
             .bind(key)
             .bind(point)
             .bind(24 * HOUR)
             .bind(72 * HOUR)
+            .bind(fp("fp").to_hex())
             .execute(p)
             .await
             .unwrap();
         });
         assert!(matches!(
-            s.claim(&req("alice", key, "fp", 30_000)).await.unwrap(),
+            claim(&s, "alice", key, "fp", 30_000).await,
             ClaimOutcome::Taken
         ));
     }
-    let t = claimed(
-        s.claim(&req("alice", "lease-started", "fp", 60_000))
-            .await
-            .unwrap(),
-    );
-    assert_eq!(t.generation, 6);
-    s.abandon(t.tx).await.unwrap();
+    let t = claimed(claim(&s, "alice", "lease-started", "fp", 60_000).await);
+    assert_eq!(t.fence.generation(), 6);
+    s.rollback(t.tx).await.unwrap();
     assert!(matches!(
-        s.claim(&req("alice", "lease-later", "fp", 60_000))
-            .await
-            .unwrap(),
+        claim(&s, "alice", "lease-later", "fp", 60_000).await,
         ClaimOutcome::Taken
     ));
 }
@@ -198,11 +242,16 @@ async fn concurrent_claims_have_exactly_one_winner(b: Backend) {
         let (s, barrier) = (s.clone(), barrier.clone());
         set.spawn(async move {
             barrier.wait().await;
-            match s.claim(&req("alice", "race", "fp", 1_000)).await.unwrap() {
+            match claim(&s, "alice", "race", "fp", 1_000).await {
                 ClaimOutcome::Claimed(c) => {
-                    s.complete(c.tx, "alice", "race", c.generation, &response(), 1_001)
-                        .await
-                        .unwrap();
+                    complete(
+                        &s,
+                        c.tx,
+                        &id("alice", "race").fence(c.fence.generation()),
+                        1_001,
+                    )
+                    .await
+                    .unwrap();
                     1
                 }
                 ClaimOutcome::Busy | ClaimOutcome::Taken => 0,
@@ -221,28 +270,25 @@ both!(concurrent_claims_have_exactly_one_winner);
 async fn reap_deletes_past_retention_and_reports_unfinished(b: Backend) {
     let db = db!(b, "store-reap");
     let s = store(&db).await;
-    let c = claimed(s.claim(&req("alice", "done", "fp", 0)).await.unwrap());
-    s.complete(c.tx, "alice", "done", 1, &response(), 1)
+    let c = claimed(claim(&s, "alice", "done", "fp", 0).await);
+    complete(&s, c.tx, &id("alice", "done").fence(1), 1)
         .await
         .unwrap();
     with_pool!(&s, p => {
         sqlx::query(
             "INSERT INTO idempotency_keys (caller, idem_key, fingerprint, state, recovery_point, \
              generation, created_at, replay_until, expires_at, request_method, request_path) \
-             VALUES ('alice', 'stuck', 'fp', 'in_flight', 'charge_created', 1, 0, $1, $2, 'POST', '/x')",
+             VALUES ('alice', 'stuck', $3, 'in_flight', 'charge_created', 1, 0, $1, $2, 'POST', '/x')",
         )
         .bind(24 * HOUR)
         .bind(72 * HOUR)
+        .bind(fp("fp").to_hex())
         .execute(p)
         .await
         .unwrap();
     });
-    let young = claimed(
-        s.claim(&req("alice", "young", "fp", 10 * HOUR))
-            .await
-            .unwrap(),
-    );
-    s.complete(young.tx, "alice", "young", 1, &response(), 10 * HOUR)
+    let young = claimed(claim(&s, "alice", "young", "fp", 10 * HOUR).await);
+    complete(&s, young.tx, &id("alice", "young").fence(1), 10 * HOUR)
         .await
         .unwrap();
     assert_eq!(s.reap(72 * HOUR - 1).await.unwrap().deleted, 0);
@@ -250,13 +296,12 @@ async fn reap_deletes_past_retention_and_reports_unfinished(b: Backend) {
     assert_eq!(report.deleted, 2);
     assert_eq!(
         report.unfinished,
-        vec![(
-            "alice".to_owned(),
-            "stuck".to_owned(),
-            "charge_created".to_owned()
-        )]
+        vec![Unfinished {
+            id: id("alice", "stuck"),
+            recovery_point: point("charge_created"),
+        }]
     );
-    assert!(s.lookup("alice", "young").await.unwrap().is_some());
+    assert!(s.lookup(&id("alice", "young")).await.unwrap().is_some());
 }
 both!(reap_deletes_past_retention_and_reports_unfinished);
 
@@ -271,35 +316,43 @@ async fn postgres_duplicate_claim_is_busy_not_blocked() {
         return;
     };
     let s = store(&db).await;
-    let c = claimed(s.claim(&req("alice", "k", "fp", 1_000)).await.unwrap());
+    let c = claimed(claim(&s, "alice", "k", "fp", 1_000).await);
     let second = tokio::time::timeout(
         std::time::Duration::from_secs(5),
-        s.claim(&req("alice", "k", "fp", 1_000)),
+        claim(&s, "alice", "k", "fp", 1_000),
     )
     .await
     .expect("must not block");
-    assert!(matches!(second.unwrap(), ClaimOutcome::Busy));
+    assert!(matches!(second, ClaimOutcome::Busy));
     // A different key is not affected.
-    let other = claimed(s.claim(&req("alice", "k2", "fp", 1_000)).await.unwrap());
-    s.abandon(other.tx).await.unwrap();
-    s.complete(c.tx, "alice", "k", 1, &response(), 2_000)
+    let other = claimed(claim(&s, "alice", "k2", "fp", 1_000).await);
+    s.rollback(other.tx).await.unwrap();
+    complete(&s, c.tx, &id("alice", "k").fence(1), 2_000)
         .await
         .unwrap();
     assert!(matches!(
-        s.claim(&req("alice", "k", "fp", 3_000)).await.unwrap(),
+        claim(&s, "alice", "k", "fp", 3_000).await,
         ClaimOutcome::Taken
     ));
 }
 
 /// A claimed key committed at `point` (as a multi-step request's first
 /// phase leaves it), lease ending at `lease`.
-async fn in_flight_at(s: &Store, key: &str, point: &str, lease: i64) -> i64 {
-    let mut c = claimed(s.claim(&req("alice", key, "fp1", 0)).await.unwrap());
-    s.commit_point(&mut c.tx, "alice", key, c.generation, point, 0, lease)
-        .await
-        .unwrap();
-    c.tx.commit().await.unwrap();
-    c.generation
+async fn in_flight_at(s: &Store, key: &str, at: &str, lease: i64) -> i64 {
+    let mut c = claimed(claim(s, "alice", key, "fp1", 0).await);
+    s.write_fenced(
+        &mut c.tx,
+        &id("alice", key).fence(c.fence.generation()),
+        FencedWrite::Point {
+            point: &point(at),
+            lease_expires_at: lease,
+        },
+        0,
+    )
+    .await
+    .unwrap();
+    s.commit(c.tx).await.unwrap();
+    c.fence.generation()
 }
 
 // clause: idem.lease.takeover, idem.multistep.resume
@@ -309,34 +362,35 @@ async fn take_over_waits_for_the_lease_and_keeps_the_recovery_point(b: Backend) 
     let g1 = in_flight_at(&s, "k", "charge_created", 60_000).await;
     // Live lease, or another request's fingerprint: no takeover.
     assert_eq!(
-        s.take_over("alice", "k", "fp1", 59_999, 120_000)
+        s.take_over(&id("alice", "k"), &fp("fp1"), 59_999, 120_000)
             .await
             .unwrap(),
         None
     );
     assert_eq!(
-        s.take_over("alice", "k", "fp2", 60_000, 120_000)
+        s.take_over(&id("alice", "k"), &fp("fp2"), 60_000, 120_000)
             .await
             .unwrap(),
         None
     );
     let t = s
-        .take_over("alice", "k", "fp1", 60_000, 120_000)
+        .take_over(&id("alice", "k"), &fp("fp1"), 60_000, 120_000)
         .await
         .unwrap()
         .expect("expired lease");
-    assert_eq!(t.generation, g1 + 1);
+    assert_eq!(t.fence.generation(), g1 + 1);
     assert_eq!(
-        t.recovery_point, "charge_created",
+        t.recovery_point.as_str(),
+        "charge_created",
         "resumes where it stopped"
     );
     assert_eq!(t.created_at, 0, "first-claim time survives the takeover");
-    let rec = s.lookup("alice", "k").await.unwrap().unwrap();
+    let rec = s.lookup(&id("alice", "k")).await.unwrap().unwrap();
     assert_eq!(rec.state, KeyState::InFlight);
     assert_eq!(rec.lease_expires_at, Some(120_000));
     // The new lease is live again: a second taker loses.
     assert_eq!(
-        s.take_over("alice", "k", "fp1", 60_001, 180_000)
+        s.take_over(&id("alice", "k"), &fp("fp1"), 60_001, 180_000)
             .await
             .unwrap(),
         None
@@ -350,36 +404,58 @@ async fn stale_phase_commits_and_releases_change_nothing(b: Backend) {
     let s = store(&db).await;
     let g1 = in_flight_at(&s, "k", "payment_created", 60_000).await;
     let t = s
-        .take_over("alice", "k", "fp1", 60_000, 120_000)
+        .take_over(&id("alice", "k"), &fp("fp1"), 60_000, 120_000)
         .await
         .unwrap()
         .unwrap();
-    let before = s.lookup("alice", "k").await.unwrap().unwrap();
+    let before = s.lookup(&id("alice", "k")).await.unwrap().unwrap();
 
     // The old worker's phase commit, final commit and release: all refused
     // (the driver then rolls back the phase's writes with the guard).
     let mut tx = s.begin().await.unwrap();
     let err = s
-        .commit_point(&mut tx, "alice", "k", g1, "charge_created", 61_000, 121_000)
+        .write_fenced(
+            &mut tx,
+            &id("alice", "k").fence(g1),
+            FencedWrite::Point {
+                point: &point("charge_created"),
+                lease_expires_at: 121_000,
+            },
+            61_000,
+        )
         .await;
     assert!(matches!(err, Err(Error::Fenced)), "{err:?}");
-    tx.rollback().await.unwrap();
+    s.rollback(tx).await.unwrap();
     let mut tx = s.begin().await.unwrap();
     let err = s
-        .store_final(&mut tx, "alice", "k", g1, &response(), 61_000)
+        .write_fenced(
+            &mut tx,
+            &id("alice", "k").fence(g1),
+            FencedWrite::Final(&response()),
+            61_000,
+        )
         .await;
     assert!(matches!(err, Err(Error::Fenced)), "{err:?}");
-    tx.rollback().await.unwrap();
-    assert!(!s.release_lease("alice", "k", g1, 61_000).await.unwrap());
-    assert_eq!(s.lookup("alice", "k").await.unwrap().unwrap(), before);
+    s.rollback(tx).await.unwrap();
+    assert!(
+        !s.release_lease(&id("alice", "k").fence(g1), 61_000)
+            .await
+            .unwrap()
+    );
+    assert_eq!(s.lookup(&id("alice", "k")).await.unwrap().unwrap(), before);
 
     // The current generation commits.
     let mut tx = s.begin().await.unwrap();
-    s.store_final(&mut tx, "alice", "k", t.generation, &response(), 62_000)
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    let rec = s.lookup("alice", "k").await.unwrap().unwrap();
+    s.write_fenced(
+        &mut tx,
+        &id("alice", "k").fence(t.fence.generation()),
+        FencedWrite::Final(&response()),
+        62_000,
+    )
+    .await
+    .unwrap();
+    s.commit(tx).await.unwrap();
+    let rec = s.lookup(&id("alice", "k")).await.unwrap().unwrap();
     assert_eq!(rec.state, KeyState::Complete);
     assert_eq!(rec.response, Some(response()));
 }
@@ -391,17 +467,21 @@ async fn abandoned_lists_expired_multi_step_keys_only(b: Backend) {
     let s = store(&db).await;
     in_flight_at(&s, "expired", "payment_created", 10_000).await;
     in_flight_at(&s, "live", "payment_created", 90_000).await;
-    let done = claimed(s.claim(&req("alice", "done", "fp1", 0)).await.unwrap());
-    s.complete(done.tx, "alice", "done", done.generation, &response(), 1)
-        .await
-        .unwrap();
+    let done = claimed(claim(&s, "alice", "done", "fp1", 0).await);
+    complete(
+        &s,
+        done.tx,
+        &id("alice", "done").fence(done.fence.generation()),
+        1,
+    )
+    .await
+    .unwrap();
     let found = s.abandoned(50_000, 10).await.unwrap();
     assert_eq!(found.len(), 1, "{found:?}");
     let k = &found[0];
-    assert_eq!((k.caller.as_str(), k.key.as_str()), ("alice", "expired"));
-    assert_eq!(k.recovery_point, "payment_created");
-    assert_eq!((k.method.as_str(), k.path.as_str()), ("POST", "/v1/things"));
-    assert_eq!(k.body, b"{}");
-    assert_eq!(k.fingerprint, "fp1");
+    assert_eq!(k.id, id("alice", "expired"));
+    assert_eq!(k.recovery_point.as_str(), "payment_created");
+    assert_eq!(k.request, request());
+    assert_eq!(k.fingerprint, fp("fp1"));
 }
 both!(abandoned_lists_expired_multi_step_keys_only);

@@ -16,9 +16,9 @@ use crate::store::{KeyStore, ReapReport};
 /// now, logging the unfinished ones.
 pub async fn reap_once<K: KeyStore>(store: &K, clock: &dyn Clock) -> Result<ReapReport> {
     let report = store.reap(clock.now_ms()).await?;
-    for (caller, key, point) in &report.unfinished {
+    for u in &report.unfinished {
         tracing::warn!(
-            %caller, %key, recovery_point = %point,
+            key = %u.id, recovery_point = %u.recovery_point,
             "reaper deleted an unfinished request past retention; its outcome is unknown"
         );
     }

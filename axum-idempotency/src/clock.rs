@@ -2,9 +2,9 @@
 //!
 //! The engine never calls `SystemTime::now()` directly: replay windows,
 //! retention and leases are all measured with a [`Clock`]. Production uses
-//! [`SystemClock`]; with `--test-hooks` the server runs on an
-//! [`AdjustableClock`] that `POST /_test/clock` moves forward, so a test of a
-//! 24-hour window takes milliseconds instead of a day.
+//! [`SystemClock`]; tests (and the reference server's `--test-hooks`) run on
+//! an [`AdjustableClock`] they move forward, so a test of a 24-hour window
+//! takes milliseconds instead of a day.
 //!
 //! Time is kept as integer milliseconds since the Unix epoch because that is
 //! what the store persists: one integer column type on both SQLite and
@@ -77,13 +77,6 @@ impl Clock for AdjustableClock {
     }
 }
 
-/// Renders milliseconds as an RFC 3339 UTC timestamp (for JSON bodies).
-pub fn to_rfc3339(ms: Millis) -> String {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .unwrap_or_default()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,10 +90,5 @@ mod tests {
         assert!(after - before >= 86_400_000, "advanced {}", after - before);
         assert!(after - before < 86_400_000 + 60_000);
         assert_eq!(c.offset_ms(), 86_400_000);
-    }
-
-    #[test]
-    fn rfc3339_rendering_is_utc_with_millis() {
-        assert_eq!(to_rfc3339(0), "1970-01-01T00:00:00.000Z");
     }
 }

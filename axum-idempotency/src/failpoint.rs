@@ -1,8 +1,12 @@
 //! Failpoints: make a multi-step request crash or stall at a named point,
 //! so crash recovery can be tested against the real binary.
 //!
-//! They exist only with `--test-hooks`. Without it the `Idem-Failpoint`
-//! header is ignored entirely (not even parsed). With it, a request may carry
+//! They are honoured only when the application opts in with
+//! [`Engine::with_failpoints`](crate::Engine::with_failpoints) (the
+//! reference server does so under `--test-hooks`). Without it the
+//! `Idem-Failpoint` header is ignored entirely (not even parsed), so a
+//! client of a production service can never trigger one. With it, a request
+//! may carry
 //!
 //! ```text
 //! Idem-Failpoint: crash-after=charge_created
@@ -22,32 +26,18 @@
 //!   same key executes afresh (clause idem.failure.5xx-not-stored). This is
 //!   how the conformance kit provokes a server error black-box.
 //!
-//! Every idempotent endpoint, single-phase (`POST /v1/transfers`) or
-//! multi-step, passes two generic points:
+//! Every idempotent endpoint passes these generic points:
 //!
 //! | failpoint | where |
 //! |---|---|
 //! | `after=started` | key claimed (not committed), endpoint not yet run; `pause` here holds the key in flight, `error` answers 500 |
+//! | `before=finished` | final response stored with the endpoint's writes, not committed |
 //! | `after=finished` | final response committed, not yet sent; `crash` here is a crash after commit |
 //!
-//! The names `POST /v1/payments` passes besides (the generic driver supplies
-//! the recovery-point ones for any multi-step endpoint):
-//!
-//! | failpoint | where |
-//! |---|---|
-//! | `before=payment_created` | phase 1's writes done, not committed |
-//! | `after=payment_created` | phase 1 committed |
-//! | `before=charge-call` | intent committed, processor not yet called |
-//! | `after=charge-call` | processor answered, nothing of it committed |
-//! | `before=charge_created` | charge id written, not committed |
-//! | `after=charge_created` | phase 2 committed |
-//! | `before=finished` | receipt job staged and response stored, not committed |
-//! | `after=finished` | final response committed, not yet sent |
-//!
-//! A crash at `after=charge-call` or `before=charge_created` falls between
-//! the foreign call and its commit: the resumed request calls the processor
-//! once more with the same outbound key, and the processor deduplicates it.
-//! Every other crash point is between phases and repeats no call.
+//! A multi-step endpoint also passes `before=P` and `after=P` for every
+//! recovery point `P` it commits, and whatever names its phases pass to
+//! [`Phase::failpoint`](crate::multistep::Phase::failpoint) (e.g. around a
+//! foreign call).
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -60,18 +50,6 @@ use crate::error::{Error, Result};
 
 /// The request header that arms failpoints (with `--test-hooks` only).
 pub const FAILPOINT_HEADER: &str = "idem-failpoint";
-
-/// Every failpoint `POST /v1/payments` passes, in order (see the module docs).
-pub const PAYMENT_FAILPOINTS: [&str; 8] = [
-    "before=payment_created",
-    "after=payment_created",
-    "before=charge-call",
-    "after=charge-call",
-    "before=charge_created",
-    "after=charge_created",
-    "before=finished",
-    "after=finished",
-];
 
 /// The generic point every idempotent endpoint passes once its key is
 /// claimed and before the endpoint runs (`RecoveryPoint::STARTED`).
@@ -123,7 +101,7 @@ pub fn parse(value: &str) -> Result<Vec<Failpoint>> {
     let mut out = Vec::new();
     for item in value.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let bad = || {
-            Error::Validation(format!(
+            Error::Failpoint(format!(
                 "Idem-Failpoint item {item:?}: expected ACTION-POSITION=NAME with ACTION crash, \
                  pause or error and POSITION before or after, e.g. crash-after=charge_created \
                  (error only as error-after=started)"

@@ -1,5 +1,5 @@
 -- The multi-step example (POST /v1/payments): payments charged at an external processor,
--- the transactionally staged jobs of the enqueuer, and the receipts it delivered.
+-- and the receipts the enqueuer delivered (its staged_jobs table ships with axum-idempotency).
 CREATE TABLE payments (
     id              TEXT    PRIMARY KEY,
     owner           TEXT    NOT NULL,
@@ -23,15 +23,6 @@ CREATE TABLE payments (
 );
 
 CREATE INDEX payments_owner ON payments (owner, created_at);
-
--- Jobs staged in the same transaction as the business writes that need them; the
--- enqueuer reads only committed rows, so a job never escapes a rolled-back transaction.
-CREATE TABLE staged_jobs (
-    id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    kind       TEXT    NOT NULL,
-    payload    TEXT    NOT NULL,
-    created_at BIGINT  NOT NULL
-);
 
 -- Where the enqueuer delivers receipt jobs (the observable "queue"). Keyed by the staged
 -- job's id, so an at-least-once redelivery of the same job is absorbed.

@@ -1,0 +1,176 @@
+//! The library's one error type, and how it becomes HTTP.
+//!
+//! The engine answers its own errors (a missing key, a mismatch, a key in
+//! use, a store failure) as RFC 9457 `application/problem+json` documents
+//! in the profile it was configured with (clause
+//! `idem.errors.problem-json`); [`Error::to_problem`] is that mapping.
+//! Errors the engine hands *to your code* (from [`IdemTx::lock`] or a
+//! [`Phase`] method) are meant to be converted into your own error type
+//! with `?`: implement `From<axum_idempotency::Error>` for it, and render
+//! it however your API renders errors. Whatever your type does, a `5xx`
+//! from the handler is never stored, so a client may retry it.
+//!
+//! Database and driver messages never reach a client: they are logged, and
+//! the client gets a generic, retryable 500.
+//!
+//! [`IdemTx::lock`]: crate::IdemTx::lock
+//! [`Phase`]: crate::multistep::Phase
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use idem_spec::problem::PROBLEM_CONTENT_TYPE;
+use idem_spec::{ErrorCode, Problem, Profile};
+
+/// Everything the idempotency engine can fail with.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The request reached an idempotent route without a [`Caller`]: keys
+    /// are scoped to the authenticated caller, so authentication must run
+    /// first (clause `idem.scope.caller`).
+    ///
+    /// [`Caller`]: crate::Caller
+    #[error(
+        "this endpoint needs an authenticated caller: idempotency keys are scoped to the caller"
+    )]
+    Unauthenticated,
+    /// An idempotent endpoint got no `Idempotency-Key` header.
+    #[error(
+        "this endpoint requires an Idempotency-Key header; send one key per logical operation and reuse it on every retry"
+    )]
+    KeyMissing,
+    /// The `Idempotency-Key` header broke the syntax rules (or was sent twice).
+    #[error("{0}")]
+    KeyInvalid(#[source] idem_spec::Error),
+    /// The key was first used with a different request (method, path or body).
+    #[error(
+        "this Idempotency-Key was first used with a different request (method, path or body); use a new key for a new operation"
+    )]
+    KeyMismatch,
+    /// Another request with this key is still being processed.
+    #[error(
+        "a request with this Idempotency-Key is still in progress; retry after {retry_after_secs} s with the same key, or send Prefer: wait=N"
+    )]
+    KeyInUse {
+        /// Seconds advertised in `Retry-After`.
+        retry_after_secs: u64,
+    },
+    /// The request body could not be read.
+    #[error("{0}")]
+    MalformedBody(String),
+    /// The body is larger than the configured limit.
+    #[error("the request body is larger than {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
+    /// An `Idem-Failpoint` header the engine was told to honour is malformed.
+    #[error("{0}")]
+    Failpoint(String),
+    /// A commit carried an older fencing generation than the key's current
+    /// one: another worker took the key over, so this one's writes were
+    /// refused and rolled back (clause `idem.lease.fencing`).
+    #[error("the lease on this key was taken over by another worker; its outcome will be replayed")]
+    Fenced,
+    /// A database call failed. Rendered as 500 without the driver's text.
+    #[error("database error: {0}")]
+    Store(#[from] sqlx::Error),
+    /// Applying the key table's migrations failed.
+    #[error("migration failed: {0}")]
+    Migrate(String),
+    /// Invalid configuration.
+    #[error("configuration error: {0}")]
+    Config(String),
+    /// Any other failure inside the engine. Rendered as 500 without details.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The contract error code this error is answered with.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::Unauthenticated => ErrorCode::Unauthenticated,
+            Self::KeyMissing => ErrorCode::IdempotencyKeyMissing,
+            Self::KeyInvalid(_) => ErrorCode::IdempotencyKeyInvalid,
+            Self::KeyMismatch => ErrorCode::IdempotencyKeyMismatch,
+            Self::KeyInUse { .. } | Self::Fenced => ErrorCode::IdempotencyKeyInUse,
+            Self::MalformedBody(_) => ErrorCode::MalformedBody,
+            Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            Self::Failpoint(_) => ErrorCode::ValidationFailed,
+            Self::Store(_) | Self::Migrate(_) | Self::Config(_) | Self::Internal(_) => {
+                ErrorCode::InternalError
+            }
+        }
+    }
+
+    /// The problem document for this error under `profile`.
+    pub fn to_problem(&self, profile: Profile) -> Problem {
+        let code = self.code();
+        let detail = if code == ErrorCode::InternalError {
+            // Driver messages can carry SQL and schema names; they go to the
+            // log, never to the client.
+            "The server failed. Nothing was stored and the key was released: retry with the same Idempotency-Key.".to_owned()
+        } else {
+            self.to_string()
+        };
+        Problem::new(code, profile, detail)
+    }
+
+    /// The `Retry-After` seconds this error advertises, if any.
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        match self {
+            Self::KeyInUse { retry_after_secs } => Some(*retry_after_secs),
+            Self::Fenced => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The response for this error under `profile`: a problem document,
+    /// plus `Retry-After` where the error has one.
+    pub fn into_response_in(self, profile: Profile) -> Response {
+        problem_response(&self.to_problem(profile), self.retry_after_secs(), &self)
+    }
+}
+
+/// Renders `problem` (and `Retry-After`), logging `cause` at ERROR for a
+/// 5xx and at DEBUG otherwise. Public so an application's own error type can
+/// answer in exactly the same shape.
+pub fn problem_response(
+    problem: &Problem,
+    retry_after_secs: Option<u64>,
+    cause: &dyn std::fmt::Display,
+) -> Response {
+    if problem.status >= 500 {
+        tracing::error!(error = %cause, "request failed");
+    } else {
+        tracing::debug!(error = %cause, code = %problem.code, "request rejected");
+    }
+    let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let body = serde_json::to_vec(problem).unwrap_or_else(|_| {
+        // Serialising a struct of strings and numbers cannot fail; keep a
+        // valid document anyway rather than an empty body.
+        br#"{"type":"about:blank","title":"Internal server error","status":500,"code":"internal_error","retryable":true}"#.to_vec()
+    });
+    let mut response = (status, body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(PROBLEM_CONTENT_TYPE),
+    );
+    if let Some(secs) = retry_after_secs {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    response
+}
+
+/// Renders in the reference profile. The engine itself renders in the
+/// profile it was configured with ([`Error::into_response_in`]).
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        self.into_response_in(Profile::Reference)
+    }
+}
+
+/// Result alias of the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,130 @@
+//! # axum-idempotency: `Idempotency-Key` for axum, on your own sqlx pool
+//!
+//! Add one layer to a route and a retried `POST` has one effect: the first
+//! request with a key executes, a duplicate gets the stored answer replayed
+//! byte for byte (`Idempotent-Replayed: true`), a duplicate that arrives
+//! while the original still runs gets `409` (or waits, with
+//! `Prefer: wait=N`), and the same key on a different request is a `409`
+//! mismatch, never a silent replay. The key table lives in *your* database,
+//! next to your tables, and the claim, your writes and the stored response
+//! commit in *one* transaction: there is no moment at which one happened and
+//! the other did not. This is the reference implementation of the idemkit
+//! contract (the book's clauses are cited throughout as `idem.*`).
+//!
+//! ## What you write
+//!
+//! ```
+//! use axum::{Json, Router, http::StatusCode, routing::post};
+//! use axum_idempotency::{Caller, Engine, EngineConfig, IdemTx, IdempotencyLayer, SqliteStore};
+//! use axum_idempotency::clock::SystemClock;
+//! use std::sync::Arc;
+//!
+//! /// Credits the caller's account. Duplicates never reach this function.
+//! async fn add_credit(
+//!     tx: IdemTx<SqliteStore>,
+//!     caller: Caller,
+//!     Json(amount): Json<i64>,
+//! ) -> Result<(StatusCode, Json<i64>), axum_idempotency::Error> {
+//!     let mut tx = tx.lock().await?;
+//!     sqlx::query("INSERT INTO credits (owner, amount) VALUES ($1, $2)")
+//!         .bind(caller.as_str())
+//!         .bind(amount)
+//!         .execute(&mut **tx)
+//!         .await?;
+//!     Ok((StatusCode::CREATED, Json(amount)))
+//! }
+//!
+//! # async fn build() -> Result<Router, Box<dyn std::error::Error>> {
+//! let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?; // your pool
+//! let store = SqliteStore::new(pool.clone());
+//! store.migrate().await?; // the key table, next to yours
+//! sqlx::query("CREATE TABLE credits (owner TEXT, amount BIGINT)").execute(&pool).await?;
+//!
+//! let engine = Engine::new(store, Arc::new(SystemClock), EngineConfig::default());
+//! let app = Router::new()
+//!     .route("/credits", post(add_credit).layer(IdempotencyLayer::new(engine)));
+//! // ...and, outside it, your authentication, inserting a `Caller`.
+//! # Ok(app) }
+//! # tokio::runtime::Runtime::new()?.block_on(build()).map(|_| ()).map_err(|e| e.to_string())?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! 1. **A store on your pool**: [`SqliteStore`] on a `SqlitePool`,
+//!    [`PgStore`] on a `PgPool` (many processes on one database), or
+//!    [`Store`] to choose at run time. Run its [`migrate`](SqliteStore::migrate)
+//!    at start, beside your own migrations ([`migrate`] says why it does not
+//!    share sqlx's history table).
+//! 2. **The handler, written as if duplicates did not exist.** Take an
+//!    [`IdemTx`] and do *every* database write of the endpoint through it.
+//!    Do not commit: the engine commits your writes and the stored response
+//!    together, or rolls both back.
+//! 3. **The layer on the route's method router** (`post(handler).layer(..)`),
+//!    so only the state-changing method requires a key. Declare extra
+//!    response headers a replay must reproduce with
+//!    [`IdempotencyLayer::replay_header`] (Content-Type, Location and ETag
+//!    always are).
+//! 4. **Authentication outside it** that inserts a [`Caller`] extension:
+//!    keys are scoped to the caller (clause `idem.scope.caller`). Without a
+//!    `Caller` the layer answers 401.
+//!
+//! ## What you never write
+//!
+//! Reading the `Idempotency-Key` header, checking the fingerprint, answering
+//! 409, waiting for `Prefer: wait`, replaying, setting
+//! `Idempotent-Replayed`, locking rows to stop two duplicates: the engine
+//! does all of it before and after your handler, and your handler only ever
+//! runs for a request that holds the key.
+//!
+//! ## What your status codes mean
+//!
+//! - **2xx and 4xx are final**: stored and replayed for the replay window
+//!   (24 h by default; [`EngineConfig`]). So answer a 4xx for anything the
+//!   client must change.
+//! - **A 5xx is never stored**: your writes roll back with the claim, the key
+//!   is free again, and the client may retry with the same key (clause
+//!   `idem.failure.5xx-not-stored`). So let transient failures (`?` on a
+//!   database error) become a 500.
+//! - Rejections before the claim (no key, a malformed key, a body over the
+//!   limit) touch nothing: the key is not consumed.
+//!
+//! ## When the endpoint calls another system
+//!
+//! A charge at a payment processor cannot join your transaction. Such an
+//! endpoint is a [`multistep::MultiStep`]: atomic phases with a recovery
+//! point committed after each, an outbound key derived from the caller's,
+//! leases with fencing, and the [completer](jobs) that finishes requests
+//! whose client went away. The [reaper] deletes keys past retention (72 h).
+//!
+//! ## Layout
+//!
+//! - [`layer`]: [`IdempotencyLayer`] and [`IdemTx`];
+//! - [`engine`]: [`Engine`] and its loop; [`decide`]: the pure decision it
+//!   asks on every turn;
+//! - [`store`]: the [`KeyStore`](store::KeyStore) trait and the SQLite /
+//!   PostgreSQL stores; [`migrate`]: their tables;
+//! - [`multistep`]: phases, recovery points, fencing;
+//! - [`jobs`]: completer and enqueuer; [`reaper`]: retention;
+//! - [`key`]: [`Caller`], [`KeyId`], [`Fence`]; [`clock`]: where time comes
+//!   from; [`failpoint`]: crash/pause/fail hooks for tests, off unless the
+//!   application opts in ([`Engine::with_failpoints`]);
+//! - [`error`]: [`Error`], and how it becomes problem+json.
+
+pub mod clock;
+pub mod decide;
+pub mod engine;
+pub mod error;
+pub mod failpoint;
+pub mod jobs;
+pub mod key;
+pub mod layer;
+pub mod migrate;
+pub mod multistep;
+pub mod reaper;
+pub mod store;
+
+pub use engine::{Engine, EngineConfig};
+pub use error::{Error, Result};
+pub use idem_spec::{Fingerprint, IdempotencyKey, RecoveryPoint};
+pub use key::{Caller, Fence, KeyId};
+pub use layer::{IdemTx, IdempotencyLayer, IdempotencyService};
+pub use store::{PgStore, SqliteStore, Store};

@@ -1,0 +1,392 @@
+//! Key stores: where the state of every (caller, key) lives.
+//!
+//! [`KeyStore`] is the seam between the engine and a database. The library
+//! ships three implementations on the application's own sqlx pool:
+//! [`SqliteStore`] (on a `SqlitePool`), [`PgStore`] (on a `PgPool`) and
+//! [`Store`], either of them chosen at run time (what the reference server
+//! uses, with [`with_conn!`](crate::with_conn) for portable SQL). All three
+//! run the *same SQL text* (`$1`-style placeholders and `INSERT ... ON
+//! CONFLICT ... RETURNING` work on both drivers); only the genuinely
+//! different parts are written twice: opening a write transaction (SQLite's
+//! single writer) and the claim's advisory lock (PostgreSQL).
+//!
+//! ## One place for each thing issue-sized work touches
+//!
+//! - [`KeyStore::begin`], [`KeyStore::commit`] and [`KeyStore::rollback`]
+//!   are the only places a write transaction is opened and settled, and
+//!   [`KeyStore::lookup`] the only read outside one: bounded connection
+//!   acquisition, retiring a connection whose commit failed, and "store
+//!   unavailable" answers belong there.
+//! - [`KeyStore::claim`] is the whole claim protocol on the store's side
+//!   (the engine's side is [`crate::decide`]).
+//!
+//! ## The table
+//!
+//! One row per (caller, key), primary key on the pair (clause
+//! `idem.scope.caller`). Columns for multi-step requests exist from the
+//! start: `recovery_point`, `locked_at`/`lease_expires_at` (the lease) and
+//! `generation` (the fencing token), plus the request itself so a completer
+//! can finish an abandoned request. Its migrations ship with the library
+//! ([`crate::migrate`]).
+//!
+//! ## Writes under a claim are fenced
+//!
+//! Every statement that changes a claimed key carries
+//! `generation = $current` in its `WHERE` (clause `idem.lease.fencing`) and
+//! runs inside the transaction that carries the endpoint's writes, so a
+//! refused guard ([`Error::Fenced`](crate::Error::Fenced)) rolls those writes back too: a worker
+//! that lost its key can change nothing. On PostgreSQL the `UPDATE` takes
+//! the key row's lock, so a takeover and a stale commit are ordered by the
+//! database; READ COMMITTED re-evaluates the guard after the wait.
+//!
+//! ## Costs (the design target of clause `idem.claim.transactional`)
+//!
+//! - A replay is one primary-key read ([`KeyStore::lookup`]), no transaction.
+//! - A first execution of a single-phase request is one read that misses plus
+//!   one transaction: claim (`INSERT ... ON CONFLICT`), the endpoint's
+//!   writes and the stored response commit together. The claim is *not*
+//!   committed on its own, so a crash anywhere leaves no trace at all.
+//! - Where it does not hold: a duplicate arriving while the original runs
+//!   costs a read plus a short transaction that fails its advisory lock
+//!   (PostgreSQL); a key reused after its window is a read plus the
+//!   transaction; a `5xx` is a transaction rolled back; multi-step requests
+//!   commit one transaction per phase by design (the first joins the
+//!   claim's), plus one short transaction per takeover and per intent
+//!   recorded before a foreign call.
+
+mod either;
+mod ops;
+pub mod postgres;
+pub mod sqlite;
+
+use std::future::Future;
+
+use idem_spec::{Fingerprint, KeyState, RecoveryPoint};
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Millis;
+use crate::error::Result;
+use crate::key::{Fence, KeyId};
+
+pub use either::{DbConn, DbTx, Store};
+pub use postgres::PgStore;
+pub use sqlite::{SqliteStore, SqliteTx};
+
+/// One header of a stored response. Values that are not visible ASCII are
+/// kept as hex so a replay is byte-for-byte even then.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredHeader {
+    /// Lower-case header name.
+    pub name: String,
+    /// The value (text, or hex digits when `hex` is true).
+    pub value: String,
+    /// Whether `value` is hex-encoded bytes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hex: bool,
+}
+
+impl StoredHeader {
+    /// Builds a stored header from raw bytes.
+    pub fn new(name: &str, value: &[u8]) -> Self {
+        match std::str::from_utf8(value) {
+            Ok(s)
+                if s.bytes()
+                    .all(|b| b == b' ' || b == b'\t' || (0x21..=0x7E).contains(&b)) =>
+            {
+                Self {
+                    name: name.to_owned(),
+                    value: s.to_owned(),
+                    hex: false,
+                }
+            }
+            _ => Self {
+                name: name.to_owned(),
+                value: hex::encode(value),
+                hex: true,
+            },
+        }
+    }
+
+    /// The value's bytes.
+    pub fn value_bytes(&self) -> Vec<u8> {
+        if self.hex {
+            hex::decode(&self.value).unwrap_or_default()
+        } else {
+            self.value.clone().into_bytes()
+        }
+    }
+}
+
+/// A final response as stored for replay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// HTTP status.
+    pub status: u16,
+    /// The headers that are replayed (Content-Type, Location, ETag and the
+    /// endpoint's declared ones).
+    pub headers: Vec<StoredHeader>,
+    /// The body, byte for byte.
+    pub body: Vec<u8>,
+}
+
+/// The request a key was claimed with, kept so a completer can finish it
+/// without the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRequest {
+    /// Method.
+    pub method: String,
+    /// Path with query.
+    pub path: String,
+    /// `Content-Type`, if any.
+    pub content_type: Option<String>,
+    /// Body.
+    pub body: axum::body::Bytes,
+}
+
+/// What the store knows about one (caller, key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyRecord {
+    /// Fingerprint of the request that claimed the key.
+    pub fingerprint: Fingerprint,
+    /// In flight or complete (an absent key has no record).
+    pub state: KeyState,
+    /// Last committed recovery point.
+    pub recovery_point: RecoveryPoint,
+    /// Fencing generation.
+    pub generation: i64,
+    /// When the current lease ends (in-flight keys).
+    pub lease_expires_at: Option<Millis>,
+    /// When the key was (last) claimed.
+    pub created_at: Millis,
+    /// End of the replay window.
+    pub replay_until: Millis,
+    /// End of retention: the reaper deletes the record after this.
+    pub expires_at: Millis,
+    /// The stored response (complete keys).
+    pub response: Option<StoredResponse>,
+}
+
+/// Everything the claim statement writes.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// The record to claim.
+    pub id: &'a KeyId,
+    /// Request fingerprint.
+    pub fingerprint: &'a Fingerprint,
+    /// The request, kept for the completer.
+    pub request: &'a StoredRequest,
+    /// The clock's now.
+    pub now: Millis,
+    /// End of the lease taken by this claim.
+    pub lease_expires_at: Millis,
+    /// End of the replay window (measured from this first request).
+    pub replay_until: Millis,
+    /// End of retention.
+    pub expires_at: Millis,
+}
+
+/// A successful claim: the open transaction and the fence every write under
+/// the claim must carry.
+#[derive(Debug)]
+pub struct Claimed<Tx> {
+    /// The transaction holding the (uncommitted) claim.
+    pub tx: Tx,
+    /// The claim's fence.
+    pub fence: Fence,
+}
+
+/// Result of trying to claim a key.
+#[derive(Debug)]
+pub enum ClaimOutcome<Tx> {
+    /// This request owns the key; execute it inside the transaction.
+    Claimed(Claimed<Tx>),
+    /// Another transaction is executing this key right now (in flight).
+    Busy,
+    /// A committed record exists that may not be claimed (complete and
+    /// inside its window, or in flight with a live lease): read it again.
+    Taken,
+}
+
+/// What a takeover won.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakenOver {
+    /// The new fence (the old generation plus one).
+    pub fence: Fence,
+    /// The last committed recovery point: where to resume.
+    pub recovery_point: RecoveryPoint,
+    /// When the request was first claimed (stable across takeovers; derived
+    /// ids and outbound keys are computed from it).
+    pub created_at: Millis,
+}
+
+/// An in-flight key whose lease has expired, with the original request, so
+/// the completer can finish it without the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbandonedKey {
+    /// The record.
+    pub id: KeyId,
+    /// The request fingerprint.
+    pub fingerprint: Fingerprint,
+    /// Last committed recovery point.
+    pub recovery_point: RecoveryPoint,
+    /// The original request.
+    pub request: StoredRequest,
+}
+
+/// A record the reaper deleted while it was still in flight: a request
+/// nobody finished, logged for a human.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unfinished {
+    /// The record.
+    pub id: KeyId,
+    /// Where it stopped.
+    pub recovery_point: RecoveryPoint,
+}
+
+/// What one reaper pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReapReport {
+    /// Records deleted.
+    pub deleted: u64,
+    /// Records deleted while still in flight.
+    pub unfinished: Vec<Unfinished>,
+}
+
+/// A fenced write made inside a claim's transaction.
+#[derive(Debug, Clone, Copy)]
+pub enum FencedWrite<'a> {
+    /// A phase commit: move to `point`, lease renewed until
+    /// `lease_expires_at`.
+    Point {
+        /// The recovery point reached.
+        point: &'a RecoveryPoint,
+        /// End of the renewed lease.
+        lease_expires_at: Millis,
+    },
+    /// The final response (recovery point `finished`, key complete).
+    Final(&'a StoredResponse),
+}
+
+/// The operations the engine needs from a database.
+///
+/// An implementation must make [`claim`](KeyStore::claim) a single atomic
+/// operation the database arbitrates (clause `idem.claim.atomic`): a unique
+/// constraint on (caller, key) and an insert that either creates the row or
+/// does nothing. Reading first and inserting when nothing was found is the
+/// classic race that lets two duplicates both execute.
+pub trait KeyStore: Clone + Send + Sync + 'static {
+    /// The transaction type endpoints join.
+    type Tx: Send + 'static;
+
+    /// Opens a write transaction (an endpoint's phase, a takeover, the
+    /// enqueuer's delivery).
+    fn begin(&self) -> impl Future<Output = Result<Self::Tx>> + Send;
+
+    /// Commits `tx`.
+    fn commit(&self, tx: Self::Tx) -> impl Future<Output = Result<()>> + Send;
+
+    /// Rolls `tx` back: every write in it disappears.
+    fn rollback(&self, tx: Self::Tx) -> impl Future<Output = Result<()>> + Send;
+
+    /// Reads the record of `id`, outside any transaction: the whole cost of
+    /// a replay.
+    fn lookup(&self, id: &KeyId) -> impl Future<Output = Result<Option<KeyRecord>>> + Send;
+
+    /// Opens a transaction and claims the key in it, atomically. The claim
+    /// succeeds when the key is absent, past its replay window, or in flight
+    /// at `started` with an expired lease; it bumps the fencing generation.
+    fn claim(
+        &self,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<ClaimOutcome<Self::Tx>>> + Send;
+
+    /// Inside `tx`: makes `write` if `fence` is still current, else
+    /// [`Error::Fenced`](crate::Error::Fenced) (the caller then rolls `tx`
+    /// back). Does not commit.
+    fn write_fenced(
+        &self,
+        tx: &mut Self::Tx,
+        fence: &Fence,
+        write: FencedWrite<'_>,
+        now: Millis,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Takes over `id` if it is in flight with an expired lease and the same
+    /// fingerprint, in its own short transaction, at whatever recovery point
+    /// it stopped (clause `idem.lease.takeover`): bumps the generation,
+    /// starts a fresh lease, keeps the point and the original request.
+    /// Allowed until the key's retention ends, past its replay window too
+    /// (clause `idem.window.progress`). `None` when it is not takeable.
+    fn take_over(
+        &self,
+        id: &KeyId,
+        fingerprint: &Fingerprint,
+        now: Millis,
+        lease_expires_at: Millis,
+    ) -> impl Future<Output = Result<Option<TakenOver>>> + Send;
+
+    /// Ends the lease now, leaving the key in flight at its last recovery
+    /// point, so a retry (or the completer) can resume at once. `false` when
+    /// `fence` is no longer current (nothing changed).
+    fn release_lease(
+        &self,
+        fence: &Fence,
+        now: Millis,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Up to `limit` in-flight keys with committed progress whose lease
+    /// ended by `now` and whose retention has not, oldest lease first.
+    fn abandoned(
+        &self,
+        now: Millis,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<AbandonedKey>>> + Send;
+
+    /// Deletes records past retention.
+    fn reap(&self, now: Millis) -> impl Future<Output = Result<ReapReport>> + Send;
+}
+
+pub use ops::StagedJob;
+
+/// Transactionally staged jobs (the enqueuer's table, `staged_jobs`): a job
+/// staged inside a request's transaction exists only if that transaction
+/// commits. See [`crate::jobs`].
+pub trait StagedJobs: KeyStore {
+    /// Stages a job inside `tx`.
+    fn stage(
+        &self,
+        tx: &mut Self::Tx,
+        kind: &str,
+        payload: &str,
+        now: Millis,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Up to `limit` committed staged jobs, oldest first (a plain read: a
+    /// job of a transaction still open, or rolled back, is invisible).
+    fn staged(&self, limit: i64) -> impl Future<Output = Result<Vec<StagedJob>>> + Send;
+
+    /// Deletes a delivered job inside `tx`.
+    fn delete_job(&self, tx: &mut Self::Tx, id: i64) -> impl Future<Output = Result<()>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_values_that_are_not_visible_ascii_round_trip_as_hex() {
+        let text = StoredHeader::new("location", b"/v1/things/1");
+        assert!(!text.hex);
+        assert_eq!(text.value, "/v1/things/1");
+        let raw = StoredHeader::new("x-raw", b"caf\xe9\x00");
+        assert!(raw.hex);
+        assert_eq!(raw.value_bytes(), b"caf\xe9\x00");
+        let json = serde_json::to_string(&[text.clone(), raw.clone()]).expect("json");
+        let back: Vec<StoredHeader> = serde_json::from_str(&json).expect("parse");
+        assert_eq!(back, vec![text, raw]);
+        assert!(
+            !json.contains("\"hex\":false"),
+            "the flag is omitted when false"
+        );
+    }
+}

@@ -1,0 +1,166 @@
+//! PostgreSQL: the store for many server processes sharing one database, on
+//! the application's `PgPool`.
+//!
+//! Isolation level: the default READ COMMITTED is enough and deliberately
+//! kept. Arbitration of a key never relies on a snapshot: it relies on the
+//! unique (caller, key) primary key (`INSERT ... ON CONFLICT`), which
+//! PostgreSQL checks against the latest committed (or in-progress) row
+//! whatever the isolation level; and on a transaction-scoped advisory lock
+//! that tells a duplicate "someone is executing this key right now" without
+//! making it wait (see [`PgStore`]'s `claim`). SERIALIZABLE would add
+//! retry-on-serialization-failure loops without closing any hole.
+//!
+//! Several processes may migrate at once: [`crate::migrate`] serialises them
+//! with an advisory lock.
+
+use idem_spec::Fingerprint;
+use sqlx::{PgPool, Postgres, Transaction};
+
+use super::ops::{self, StagedJob};
+use super::{
+    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore,
+    ReapReport, StagedJobs, TakenOver,
+};
+use crate::clock::Millis;
+use crate::error::Result;
+use crate::key::{Fence, KeyId};
+
+/// A [`KeyStore`] on a `PgPool`. Its transactions are plain
+/// `sqlx::Transaction<'static, Postgres>`: run queries on `&mut **tx`.
+#[derive(Debug, Clone)]
+pub struct PgStore {
+    pool: PgPool,
+}
+
+/// A transaction-scoped advisory lock on (schema, caller, key). Without it,
+/// a duplicate's INSERT would *block* on the original's uncommitted row until
+/// that transaction ends; with it, the duplicate learns at once that the key
+/// is in flight and can answer 409 (or wait on its own terms). The lock is
+/// released by commit or rollback, so it can never outlive the claim. A hash
+/// collision between two keys only costs a spurious, retryable 409; the
+/// unique constraint still arbitrates the claim.
+const ADVISORY_LOCK_SQL: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended(\
+     current_schema() || chr(31) || $1 || chr(31) || $2, 0))";
+
+impl PgStore {
+    /// A store on `pool`, whose database must have the key table
+    /// ([`PgStore::migrate`]). A `?options=-c search_path=NAME` parameter
+    /// in the pool's URL selects a schema.
+    pub fn new(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// The pool (for the application's own reads and writes).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Creates or updates the key table (and the staged-jobs table); safe to
+    /// run at every start, from several processes at once. See
+    /// [`crate::migrate`].
+    pub async fn migrate(&self) -> Result<()> {
+        crate::migrate::postgres(&self.pool).await
+    }
+
+    async fn read(&self) -> Result<sqlx::pool::PoolConnection<Postgres>> {
+        Ok(self.pool.acquire().await?)
+    }
+}
+
+impl KeyStore for PgStore {
+    type Tx = Transaction<'static, Postgres>;
+
+    async fn begin(&self) -> Result<Self::Tx> {
+        Ok(self.pool.begin().await?)
+    }
+
+    async fn commit(&self, tx: Self::Tx) -> Result<()> {
+        Ok(tx.commit().await?)
+    }
+
+    async fn rollback(&self, tx: Self::Tx) -> Result<()> {
+        Ok(tx.rollback().await?)
+    }
+
+    async fn lookup(&self, id: &KeyId) -> Result<Option<KeyRecord>> {
+        ops::pg::lookup(&mut *self.read().await?, id).await
+    }
+
+    async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome<Self::Tx>> {
+        let mut tx = self.begin().await?;
+        let locked: bool = sqlx::query_scalar(ADVISORY_LOCK_SQL)
+            .bind(req.id.caller().as_str())
+            .bind(req.id.key().as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+        if !locked {
+            tx.rollback().await?;
+            return Ok(ClaimOutcome::Busy);
+        }
+        match ops::pg::claim(&mut tx, req).await? {
+            Some(generation) => Ok(ClaimOutcome::Claimed(Claimed {
+                tx,
+                fence: req.id.fence(generation),
+            })),
+            None => {
+                tx.rollback().await?;
+                Ok(ClaimOutcome::Taken)
+            }
+        }
+    }
+
+    async fn write_fenced(
+        &self,
+        tx: &mut Self::Tx,
+        fence: &Fence,
+        write: FencedWrite<'_>,
+        now: Millis,
+    ) -> Result<()> {
+        ops::pg::write_fenced(tx, fence, write, now).await
+    }
+
+    async fn take_over(
+        &self,
+        id: &KeyId,
+        fingerprint: &Fingerprint,
+        now: Millis,
+        lease_expires_at: Millis,
+    ) -> Result<Option<TakenOver>> {
+        let mut tx = self.begin().await?;
+        let taken = ops::pg::take_over(&mut tx, id, fingerprint, now, lease_expires_at).await?;
+        tx.commit().await?;
+        Ok(taken)
+    }
+
+    async fn release_lease(&self, fence: &Fence, now: Millis) -> Result<bool> {
+        let mut tx = self.begin().await?;
+        let released = ops::pg::release(&mut tx, fence, now).await?;
+        tx.commit().await?;
+        Ok(released)
+    }
+
+    async fn abandoned(&self, now: Millis, limit: i64) -> Result<Vec<AbandonedKey>> {
+        ops::pg::abandoned(&mut *self.read().await?, now, limit).await
+    }
+
+    async fn reap(&self, now: Millis) -> Result<ReapReport> {
+        let mut tx = self.begin().await?;
+        let report = ops::pg::reap(&mut tx, now).await?;
+        tx.commit().await?;
+        Ok(report)
+    }
+}
+
+impl StagedJobs for PgStore {
+    async fn stage(&self, tx: &mut Self::Tx, kind: &str, payload: &str, now: Millis) -> Result<()> {
+        ops::pg::stage(tx, kind, payload, now).await
+    }
+
+    async fn staged(&self, limit: i64) -> Result<Vec<StagedJob>> {
+        ops::pg::staged(&mut *self.read().await?, limit).await
+    }
+
+    async fn delete_job(&self, tx: &mut Self::Tx, id: i64) -> Result<()> {
+        ops::pg::delete_job(tx, id).await
+    }
+}

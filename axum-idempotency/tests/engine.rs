@@ -1,0 +1,266 @@
+//! The engine end to end through its layer, on both stores: an app built
+//! the way the crate docs say, with a handler the test controls.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use axum::{Json, Router};
+use axum_idempotency::clock::SystemClock;
+use axum_idempotency::failpoint::Failpoints;
+use axum_idempotency::{Caller, Engine, EngineConfig, IdemTx, IdempotencyLayer, Store, with_conn};
+use idem_test_support::{Backend, TestDb, both, db};
+use tokio::sync::Semaphore;
+use tower::ServiceExt;
+
+/// The handler's controls: how many times it ran, a gate it waits on when
+/// `hold` is set, and the status it answers (from the body).
+#[derive(Clone)]
+struct Ctl {
+    runs: Arc<AtomicUsize>,
+    hold: Arc<std::sync::atomic::AtomicBool>,
+    entered: Arc<Semaphore>,
+    release: Arc<Semaphore>,
+}
+
+impl Default for Ctl {
+    fn default() -> Self {
+        Self {
+            runs: Arc::default(),
+            hold: Arc::default(),
+            entered: Arc::new(Semaphore::new(0)),
+            release: Arc::new(Semaphore::new(0)),
+        }
+    }
+}
+
+async fn handler(
+    State(ctl): State<Ctl>,
+    tx: IdemTx<Store>,
+    caller: Caller,
+    Json(status): Json<u16>,
+) -> Result<(StatusCode, String), axum_idempotency::Error> {
+    let n = ctl.runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let mut tx = tx.lock().await?;
+    with_conn!(&mut *tx, c => {
+        sqlx::query("INSERT INTO effects (owner, n) VALUES ($1, $2)")
+            .bind(caller.as_str())
+            .bind(i64::try_from(n).unwrap())
+            .execute(&mut *c)
+            .await?;
+    });
+    drop(tx);
+    if ctl.hold.load(Ordering::SeqCst) {
+        ctl.entered.add_permits(1);
+        ctl.release.acquire().await.unwrap().forget();
+    }
+    Ok((StatusCode::from_u16(status).unwrap(), format!("run {n}")))
+}
+
+struct App {
+    router: Router,
+    store: Store,
+    ctl: Ctl,
+    _db: TestDb,
+}
+
+async fn app(db: TestDb, failpoints: bool) -> App {
+    let store = Store::connect(&db.url, 4).await.unwrap();
+    store.migrate().await.unwrap();
+    axum_idempotency::with_pool!(&store, p => {
+        sqlx::query("CREATE TABLE effects (owner TEXT NOT NULL, n BIGINT NOT NULL)")
+            .execute(p)
+            .await
+            .unwrap();
+    });
+    let mut engine = Engine::new(
+        store.clone(),
+        Arc::new(SystemClock),
+        EngineConfig::default(),
+    );
+    if failpoints {
+        engine = engine.with_failpoints(Arc::new(Failpoints::new(Duration::from_secs(5))));
+    }
+    let ctl = Ctl::default();
+    let router = Router::new()
+        .route("/do", post(handler).layer(IdempotencyLayer::new(engine)))
+        .layer(axum::middleware::from_fn(
+            |mut req: Request<Body>, next: axum::middleware::Next| async move {
+                if let Some(user) = req.headers().get("x-user").and_then(|v| v.to_str().ok()) {
+                    let caller = Caller::new(user);
+                    req.extensions_mut().insert(caller);
+                }
+                next.run(req).await
+            },
+        ))
+        .with_state(ctl.clone());
+    App {
+        router,
+        store,
+        ctl,
+        _db: db,
+    }
+}
+
+fn req(key: Option<&str>, status: u16, extra: &[(&str, &str)]) -> Request<Body> {
+    let mut b = Request::post("/do")
+        .header("x-user", "ann")
+        .header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("idempotency-key", k);
+    }
+    for (k, v) in extra {
+        b = b.header(*k, *v);
+    }
+    b.body(Body::from(status.to_string())).unwrap()
+}
+
+async fn send(app: &App, r: Request<Body>) -> (StatusCode, axum::http::HeaderMap, String) {
+    let resp = app.router.clone().oneshot(r).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    (
+        parts.status,
+        parts.headers,
+        String::from_utf8_lossy(&body).into_owned(),
+    )
+}
+
+async fn effects(app: &App) -> i64 {
+    axum_idempotency::with_pool!(&app.store, p => {
+        sqlx::query_scalar("SELECT count(*) FROM effects").fetch_one(p).await.unwrap()
+    })
+}
+
+// clause: idem.replay.verbatim, idem.replay.marker, idem.failure.final-outcomes, idem.fingerprint.mismatch
+async fn finals_are_replayed_and_another_request_is_refused(b: Backend) {
+    let app = app(db!(b, "engine-replay"), false).await;
+    for (key, status) in [("ok", 201), ("client-error", 422)] {
+        let first = send(&app, req(Some(key), status, &[])).await;
+        assert_eq!(first.0.as_u16(), status);
+        let again = send(&app, req(Some(key), status, &[])).await;
+        assert_eq!(
+            (again.0, &again.2),
+            (first.0, &first.2),
+            "{key}: the same answer"
+        );
+        assert_eq!(again.1["idempotent-replayed"], "true");
+        let other = send(&app, req(Some(key), 200, &[])).await;
+        assert_eq!(other.0, StatusCode::CONFLICT, "{key}: another request");
+    }
+    assert_eq!(app.ctl.runs.load(Ordering::SeqCst), 2);
+    assert_eq!(effects(&app).await, 2);
+}
+both!(finals_are_replayed_and_another_request_is_refused);
+
+// clause: idem.failure.5xx-not-stored
+async fn a_5xx_rolls_back_and_frees_the_key(b: Backend) {
+    let app = app(db!(b, "engine-5xx"), false).await;
+    assert_eq!(
+        send(&app, req(Some("k"), 503, &[])).await.0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    assert_eq!(effects(&app).await, 0, "the handler's write rolled back");
+    let retry = send(&app, req(Some("k"), 201, &[])).await;
+    assert_eq!(retry.0, StatusCode::CREATED);
+    assert!(
+        !retry.1.contains_key("idempotent-replayed"),
+        "executed again"
+    );
+    assert_eq!(effects(&app).await, 1);
+}
+both!(a_5xx_rolls_back_and_frees_the_key);
+
+// clause: idem.failure.unclaimed, idem.key.required, idem.scope.caller
+async fn rejections_before_the_claim_touch_nothing(b: Backend) {
+    let app = app(db!(b, "engine-reject"), false).await;
+    assert_eq!(
+        send(&app, req(None, 201, &[])).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    let anonymous = Request::post("/do")
+        .header("idempotency-key", "k")
+        .header("content-type", "application/json")
+        .body(Body::from("201"))
+        .unwrap();
+    assert_eq!(send(&app, anonymous).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(app.ctl.runs.load(Ordering::SeqCst), 0);
+}
+both!(rejections_before_the_claim_touch_nothing);
+
+// clause: idem.inflight.conflict, idem.inflight.retry-after, idem.inflight.prefer-wait
+async fn a_duplicate_in_flight_is_409_or_waits_for_the_replay(b: Backend) {
+    let app = Arc::new(app(db!(b, "engine-inflight"), false).await);
+    app.ctl.hold.store(true, Ordering::SeqCst);
+    let original = {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, req(Some("k"), 201, &[])).await })
+    };
+    app.ctl.entered.acquire().await.unwrap().forget();
+    let dup = send(&app, req(Some("k"), 201, &[])).await;
+    assert_eq!(dup.0, StatusCode::CONFLICT);
+    assert!(dup.1.contains_key("retry-after"));
+    let waiter = {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, req(Some("k"), 201, &[("prefer", "wait=10")])).await })
+    };
+    app.ctl.release.add_permits(1);
+    let (first, waited) = (original.await.unwrap(), waiter.await.unwrap());
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert_eq!(
+        (waited.0, &waited.2),
+        (first.0, &first.2),
+        "the waiter got the replay"
+    );
+    assert_eq!(app.ctl.runs.load(Ordering::SeqCst), 1);
+}
+both!(a_duplicate_in_flight_is_409_or_waits_for_the_replay);
+
+/// An application that never opted in to failpoints cannot be made to fail
+/// by a client that sends the header.
+#[tokio::test]
+async fn the_failpoint_header_does_nothing_without_the_opt_in() {
+    let app = app(db!(Backend::Sqlite, "engine-fp-off"), false).await;
+    let r = send(
+        &app,
+        req(Some("k"), 201, &[("idem-failpoint", "error-after=started")]),
+    )
+    .await;
+    assert_eq!(r.0, StatusCode::CREATED, "{}", r.2);
+    // Not even parsed: a malformed value is no 400 either.
+    let r = send(&app, req(Some("k2"), 201, &[("idem-failpoint", "explode")])).await;
+    assert_eq!(r.0, StatusCode::CREATED);
+    assert_eq!(app.ctl.runs.load(Ordering::SeqCst), 2);
+}
+
+// clause: idem.failure.5xx-not-stored
+#[tokio::test]
+async fn with_the_opt_in_an_injected_error_is_a_5xx_that_frees_the_key() {
+    let app = app(db!(Backend::Sqlite, "engine-fp-on"), true).await;
+    let r = send(
+        &app,
+        req(Some("k"), 201, &[("idem-failpoint", "error-after=started")]),
+    )
+    .await;
+    assert_eq!(r.0, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        app.ctl.runs.load(Ordering::SeqCst),
+        0,
+        "the handler never ran"
+    );
+    let bad = send(&app, req(Some("k"), 201, &[("idem-failpoint", "explode")])).await;
+    assert_eq!(
+        bad.0,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "refused before the claim"
+    );
+    assert_eq!(
+        send(&app, req(Some("k"), 201, &[])).await.0,
+        StatusCode::CREATED
+    );
+}
