@@ -7,6 +7,18 @@
 //! against one clause, and the verdict follows from the clause levels
 //! (a failed MUST is `fail`, a failed SHOULD or MAY is `non-strict`), from
 //! indeterminate sends (`inconclusive`) and harness problems (`error`).
+//!
+//! Every check also carries a class ([`Class`]): the clause's, or a milder
+//! one when the case observed a milder consequence of breaking it
+//! ([`Rec::check_as`]). Cases judge behaviour (executed? refused? replayed?
+//! leaked?) under the behavioural clause and the spelling of each answer
+//! under the interop clauses (`idem.errors.profiles`,
+//! `idem.errors.problem-json`, `idem.replay.marker`), so a target that
+//! speaks another dialect is never called unsafe for it.
+//!
+//! Adding a case touches its family's module only: a hook it needs is a
+//! [`Need`] value (defined there or reused from here), and whether it must
+//! run alone is a field of the case.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -15,91 +27,115 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use idem_spec::clauses::{self, Level};
+use std::sync::Mutex;
+
+use idem_spec::clauses::{self, Class, Level};
 use idem_spec::headers::IDEMPOTENCY_KEY;
 use idem_spec::manifest::{Caller, EffectProbe, Endpoint, Manifest};
 use idem_spec::report::{CheckReport, Verdict};
 use serde_json::Value;
 
 use crate::http::{Client, Failure, Request, Response, Sent};
-use crate::manifest::{ManifestExt, expand};
-use crate::probe;
+use crate::manifest::{ManifestExt, amount_exclusions, draw_amount, expand, expand_text};
+use crate::probe::{self, ProbeError, Subject};
 
 /// A boxed future borrowing the recorder.
 pub type BoxFut<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
-/// Something a case needs from the manifest beyond the basics.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub enum Need {
-    /// `hooks.clock`.
-    Clock,
-    /// `hooks.failpoint.server_error`.
-    ServerError,
-    /// `hooks.failpoint.crash_after_commit` and `hooks.restart`.
-    CrashRestart,
-    /// `hooks.failpoint.pause`.
-    Pause,
-    /// `hooks.failpoint.lease_pause` and `hooks.clock`.
-    LeasePause,
-    /// `hooks.failpoint.crash_after_foreign_call` and `hooks.restart`.
-    ForeignCrash,
-    /// `endpoints[0].rejected_body`.
-    RejectedBody,
-    /// `policy.in_flight = "conflict_or_wait"`.
-    PreferWait,
-    /// `endpoints[0].key_required = true`.
-    KeyRequired,
-    /// `target.openapi_url`.
-    OpenApi,
+/// Something a case needs from the manifest beyond the basics: a name for
+/// reports (what to declare) and a test of the manifest. A case module may
+/// define its own; the common ones are associated constants.
+#[derive(Clone, Copy)]
+pub struct Need {
+    /// What to declare to enable it, e.g. `hooks.clock`.
+    pub what: &'static str,
+    /// Whether the manifest declares it; `restarter` is true when the
+    /// harness owns the target and can restart it in process (the demo).
+    pub declared: fn(&Manifest, bool) -> bool,
+}
+
+impl std::fmt::Debug for Need {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.what)
+    }
+}
+
+fn failpoint(m: &Manifest, pick: fn(&idem_spec::manifest::FailpointHook) -> bool) -> bool {
+    m.hooks.failpoint.as_ref().is_some_and(pick)
 }
 
 impl Need {
-    /// Whether the manifest declares it.
-    pub fn declared(self, m: &Manifest) -> bool {
-        let fp = m.hooks.failpoint.as_ref();
-        match self {
-            Self::Clock => m.hooks.clock.is_some(),
-            Self::ServerError => fp.and_then(|f| f.server_error.as_ref()).is_some(),
-            Self::CrashRestart => {
-                fp.and_then(|f| f.crash_after_commit.as_ref()).is_some()
-                    && m.hooks.restart.is_some()
-            }
-            Self::ForeignCrash => {
-                fp.and_then(|f| f.crash_after_foreign_call.as_ref())
-                    .is_some()
-                    && m.hooks.restart.is_some()
-            }
-            Self::Pause => fp.and_then(|f| f.pause.as_ref()).is_some(),
-            Self::LeasePause => {
-                fp.and_then(|f| f.lease_pause.as_ref()).is_some() && m.hooks.clock.is_some()
-            }
-            Self::RejectedBody => m.endpoints[0].rejected_body.is_some(),
-            Self::PreferWait => {
-                m.policy.in_flight == idem_spec::manifest::InFlightMode::ConflictOrWait
-            }
-            Self::KeyRequired => m.endpoints[0].key_required,
-            Self::OpenApi => m.target.openapi_url.is_some(),
-        }
-    }
+    /// `hooks.clock`.
+    pub const CLOCK: Need = Need {
+        what: "hooks.clock",
+        declared: |m, _| m.hooks.clock.is_some(),
+    };
+    /// `hooks.failpoint.crash_after_commit` and `hooks.restart` (or an
+    /// in-process restarter).
+    pub const CRASH_RESTART: Need = Need {
+        what: "hooks.failpoint.crash_after_commit and hooks.restart",
+        declared: |m, restarter| {
+            failpoint(m, |f| f.crash_after_commit.is_some())
+                && (restarter || m.hooks.restart.is_some())
+        },
+    };
+    /// `hooks.failpoint.crash_after_foreign_call` and `hooks.restart` (or
+    /// an in-process restarter).
+    pub const FOREIGN_CRASH: Need = Need {
+        what: "hooks.failpoint.crash_after_foreign_call and hooks.restart",
+        declared: |m, restarter| {
+            failpoint(m, |f| f.crash_after_foreign_call.is_some())
+                && (restarter || m.hooks.restart.is_some())
+        },
+    };
+    /// `hooks.failpoint.pause`.
+    pub const PAUSE: Need = Need {
+        what: "hooks.failpoint.pause",
+        declared: |m, _| failpoint(m, |f| f.pause.is_some()),
+    };
+    /// `hooks.failpoint.lease_pause` and `hooks.clock`.
+    pub const LEASE_PAUSE: Need = Need {
+        what: "hooks.failpoint.lease_pause and hooks.clock",
+        declared: |m, _| failpoint(m, |f| f.lease_pause.is_some()) && m.hooks.clock.is_some(),
+    };
+    /// `endpoints[0].rejected_body`.
+    pub const REJECTED_BODY: Need = Need {
+        what: "endpoints[0].rejected_body",
+        declared: |m, _| m.endpoints[0].rejected_body.is_some(),
+    };
+    /// `policy.in_flight = "conflict_or_wait"`.
+    pub const PREFER_WAIT: Need = Need {
+        what: "policy.in_flight = \"conflict_or_wait\"",
+        declared: |m, _| m.policy.in_flight == idem_spec::manifest::InFlightMode::ConflictOrWait,
+    };
+    /// `endpoints[0].key_required = true`.
+    pub const KEY_REQUIRED: Need = Need {
+        what: "endpoints[0].key_required = true",
+        declared: |m, _| m.endpoints[0].key_required,
+    };
+    /// `target.openapi_url`.
+    pub const OPENAPI: Need = Need {
+        what: "target.openapi_url",
+        declared: |m, _| m.target.openapi_url.is_some(),
+    };
 
     /// What to declare to enable it.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Self::Clock => "hooks.clock",
-            Self::ServerError => "hooks.failpoint.server_error",
-            Self::CrashRestart => "hooks.failpoint.crash_after_commit and hooks.restart",
-            Self::Pause => "hooks.failpoint.pause",
-            Self::LeasePause => "hooks.failpoint.lease_pause and hooks.clock",
-            Self::ForeignCrash => "hooks.failpoint.crash_after_foreign_call and hooks.restart",
-            Self::RejectedBody => "endpoints[0].rejected_body",
-            Self::PreferWait => "policy.in_flight = \"conflict_or_wait\"",
-            Self::KeyRequired => "endpoints[0].key_required = true",
-            Self::OpenApi => "target.openapi_url",
-        }
+    pub fn describe(&self) -> &'static str {
+        self.what
     }
 }
 
+/// Which endpoint a case is sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Aim {
+    /// The first endpoint.
+    Main,
+    /// `hooks.failpoint.recovery_endpoint` (default: the first).
+    Recovery,
+}
+
 /// One conformance case.
+#[derive(Clone)]
 pub struct Case {
     /// Stable ID, `family.name`.
     pub id: &'static str,
@@ -109,10 +145,26 @@ pub struct Case {
     pub clauses: &'static [&'static str],
     /// What the manifest must declare; otherwise the case is `unsupported`.
     pub needs: &'static [Need],
+    /// Which endpoint it is sent to.
+    pub aim: Aim,
+    /// Whether the case must run alone, after the others: it holds requests
+    /// in flight, restarts the target or moves its clock, any of which
+    /// would disturb cases running beside it.
+    pub alone: fn(&Manifest) -> bool,
     /// The permitted outcomes under the manifest's profile.
     pub permitted: fn(&Manifest) -> Vec<String>,
     /// The case itself.
     pub run: for<'a> fn(&'a mut Rec) -> BoxFut<'a>,
+}
+
+/// For [`Case::alone`]: runs beside other cases.
+pub fn shared(_: &Manifest) -> bool {
+    false
+}
+
+/// For [`Case::alone`]: always runs alone.
+pub fn alone(_: &Manifest) -> bool {
+    true
 }
 
 impl Case {
@@ -139,27 +191,15 @@ impl Case {
     /// Like [`missing_need`](Self::missing_need), counting an in-process
     /// restarter (the demo's) as a declared restart hook.
     pub fn missing_need_with(&self, m: &Manifest, restarter: bool) -> Option<Need> {
-        self.needs.iter().copied().find(|n| {
-            let fp = m.hooks.failpoint.as_ref();
-            let restart_ok = restarter
-                && match n {
-                    Need::CrashRestart => fp.is_some_and(|f| f.crash_after_commit.is_some()),
-                    Need::ForeignCrash => fp.is_some_and(|f| f.crash_after_foreign_call.is_some()),
-                    _ => false,
-                };
-            !restart_ok && !n.declared(m)
-        })
+        self.needs
+            .iter()
+            .copied()
+            .find(|n| !(n.declared)(m, restarter))
     }
 
-    /// Whether the case is a recovery case (and so goes to
-    /// `hooks.failpoint.recovery_endpoint`).
+    /// Whether the case goes to `hooks.failpoint.recovery_endpoint`.
     pub fn is_recovery(&self) -> bool {
-        self.needs.iter().any(|n| {
-            matches!(
-                n,
-                Need::CrashRestart | Need::ForeignCrash | Need::LeasePause
-            )
-        })
+        self.aim == Aim::Recovery
     }
 }
 
@@ -220,6 +260,8 @@ pub struct Ctx {
     // Shared with the per-case views (`for_case`), so names never repeat.
     counter: Arc<AtomicU64>,
     clock_advanced: Arc<AtomicU64>,
+    // marker -> the keys its operation was sent with, for key-matched probes.
+    keys: Arc<Mutex<BTreeMap<String, Vec<String>>>>,
 }
 
 impl Ctx {
@@ -234,6 +276,7 @@ impl Ctx {
             restarter: None,
             counter: Arc::new(AtomicU64::new(0)),
             clock_advanced: Arc::new(AtomicU64::new(0)),
+            keys: Arc::default(),
         }
     }
 
@@ -255,6 +298,23 @@ impl Ctx {
             restarter: self.restarter.clone(),
             counter: self.counter.clone(),
             clock_advanced: self.clock_advanced.clone(),
+            keys: self.keys.clone(),
+        }
+    }
+
+    /// This context with another manifest (the preflight focuses it on each
+    /// endpoint in turn); the client, run id and counters shared.
+    pub fn view(&self, manifest: Manifest) -> Ctx {
+        Ctx {
+            manifest,
+            client: self.client.clone(),
+            run_id: self.run_id.clone(),
+            seed: self.seed,
+            artifacts: self.artifacts.clone(),
+            restarter: self.restarter.clone(),
+            counter: self.counter.clone(),
+            clock_advanced: self.clock_advanced.clone(),
+            keys: self.keys.clone(),
         }
     }
 
@@ -332,9 +392,23 @@ impl Ctx {
         format!("{}-m{}", self.run_id, self.next())
     }
 
-    /// A fresh small amount (1..=50), varied so two operations differ.
-    pub fn amount(&self) -> u64 {
-        (self.seed.wrapping_add(self.next()) % 50) + 1
+    /// A fresh amount from the endpoint's declared range, never one of its
+    /// excluded values (nor one its rejected or server-error body uses),
+    /// varied so two operations differ.
+    pub fn amount(&self) -> i64 {
+        self.amount_at(self.seed.wrapping_add(self.next()))
+    }
+
+    /// The `n`-th amount of the endpoint's range (deterministic: the
+    /// generated phase derives its bodies from it).
+    pub fn amount_at(&self, n: u64) -> i64 {
+        let e = self.endpoint();
+        draw_amount(&e.amounts, &amount_exclusions(e), n)
+    }
+
+    /// Caller `i`'s name, for narratives.
+    pub fn name(&self, i: usize) -> &str {
+        &self.caller(i).name
     }
 
     /// The main endpoint.
@@ -371,23 +445,48 @@ impl Ctx {
         )
     }
 
-    /// A request to the main endpoint: the caller's headers, JSON body and,
-    /// when given, the key (bare form).
-    pub fn op(&self, caller: usize, key: Option<&str>, body: &Value) -> Request {
+    /// A request to the main endpoint for the operation marked `marker`:
+    /// the caller's headers, the endpoint's declared headers and path (with
+    /// the marker), the JSON body and, when given, the key (bare form).
+    /// The key is remembered for the marker, for key-matched probes.
+    pub fn op(&self, caller: usize, key: Option<&str>, marker: &str, body: &Value) -> Request {
         let e = self.endpoint();
+        let who = self.caller(caller);
         let mut req = Request {
             method: e.method.clone(),
-            url: self.url(&e.path),
+            url: self.url(&expand_text(&e.path, who, marker)),
             headers: self.auth(caller),
             body: None,
             state_changing: true,
         }
         .header("Content-Type", "application/json")
         .json_body(body);
+        for (name, value) in &e.headers {
+            req = req.header(name, &expand_text(value, who, marker));
+        }
         if let Some(k) = key {
+            self.remember_key(marker, k);
             req = req.header(IDEMPOTENCY_KEY, k);
         }
         req
+    }
+
+    /// Records that the operation `marker` was sent with `key` (bare form).
+    pub fn remember_key(&self, marker: &str, key: &str) {
+        if let Ok(mut keys) = self.keys.lock() {
+            let v = keys.entry(marker.to_owned()).or_default();
+            if !v.iter().any(|k| k == key) {
+                v.push(key.to_owned());
+            }
+        }
+    }
+
+    fn keys_of(&self, marker: &str) -> Vec<String> {
+        self.keys
+            .lock()
+            .ok()
+            .and_then(|k| k.get(marker).cloned())
+            .unwrap_or_default()
     }
 
     /// Counts the side effects of the operation `caller` marked `marker`.
@@ -398,47 +497,132 @@ impl Ctx {
         caller: usize,
         marker: &str,
         seen: &[&Response],
-    ) -> Result<u64, String> {
+    ) -> Result<u64, ProbeError> {
         let caller = self
             .manifest
             .probe_caller()
             .and_then(|n| self.manifest.callers.iter().position(|c| c.name == n))
             .unwrap_or(caller);
+        let keys = self.keys_of(marker);
         probe::effects(
             &self.manifest.probe,
             &self.client,
             &self.manifest.target.base_url,
             &self.auth(caller),
-            marker,
+            Subject {
+                marker,
+                keys: &keys,
+            },
             seen,
         )
         .await
     }
 
-    /// Counts the recovery endpoint's effects in the foreign system for
-    /// `marker` through `hooks.foreign_probe`; `None` when none is declared.
-    /// Caller headers go out only when the probe names a caller: the
-    /// target's credentials are not the foreign system's.
-    pub async fn foreign_effects(&self, marker: &str) -> Option<Result<u64, String>> {
-        let fp = self.manifest.hooks.foreign_probe.as_ref()?;
-        let caller = match fp {
+    /// Like [`effects`](Self::effects), for a check expecting `want`: a
+    /// count below it is read again (every 100 ms, for at most
+    /// `limits.probe_settle_ms`), since many listings catch up with a write
+    /// a moment late. A count at or above `want` is final at once.
+    pub async fn effects_settled(
+        &self,
+        caller: usize,
+        marker: &str,
+        seen: &[&Response],
+        want: u64,
+    ) -> Result<u64, ProbeError> {
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(self.manifest.limits.probe_settle_ms);
+        loop {
+            let n = self.effects(caller, marker, seen).await?;
+            let fixed = matches!(self.manifest.probe, EffectProbe::ResourceId { .. });
+            if n >= want || fixed || tokio::time::Instant::now() >= deadline {
+                return Ok(n);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Counts handler runs for `marker` through `hooks.execution_probe`;
+    /// `None` when none is declared.
+    pub async fn executions(&self, marker: &str) -> Option<Result<u64, ProbeError>> {
+        let p = self.manifest.hooks.execution_probe.as_ref()?;
+        let keys = self.keys_of(marker);
+        Some(self.probe_with(p, marker, &keys).await)
+    }
+
+    async fn probe_with(
+        &self,
+        p: &EffectProbe,
+        marker: &str,
+        keys: &[String],
+    ) -> Result<u64, ProbeError> {
+        let caller = match p {
             EffectProbe::Count { caller, .. } | EffectProbe::List { caller, .. } => caller
                 .as_ref()
                 .and_then(|n| self.manifest.callers.iter().position(|c| &c.name == n)),
             EffectProbe::ResourceId { .. } => None,
         };
         let headers = caller.map(|c| self.auth(c)).unwrap_or_default();
-        Some(
-            probe::effects(
-                fp,
-                &self.client,
-                &self.manifest.target.base_url,
-                &headers,
-                marker,
-                &[],
-            )
-            .await,
+        probe::effects(
+            p,
+            &self.client,
+            &self.manifest.target.base_url,
+            &headers,
+            Subject { marker, keys },
+            &[],
         )
+        .await
+    }
+
+    /// Whether `r`, a 2xx answer to `caller`'s operation `marker`, is
+    /// `other` (another caller's stored response) leaked rather than an
+    /// execution of its own. Identical bytes alone could be two executions
+    /// of an API whose answers carry no id, so the effect probe decides:
+    /// the operation's effect count did not move from `before` (a
+    /// resource-id probe: the ids are the same, which is decisive).
+    pub async fn is_leak(
+        &self,
+        caller: usize,
+        marker: &str,
+        before: u64,
+        r: &Response,
+        other: &Response,
+    ) -> Result<bool, ProbeError> {
+        if !((200..300).contains(&r.status) && r.same_outcome(other)) {
+            return Ok(false);
+        }
+        if matches!(self.manifest.probe, EffectProbe::ResourceId { .. }) {
+            return Ok(true);
+        }
+        Ok(self.effects(caller, marker, &[r]).await? <= before)
+    }
+
+    /// Whether `r` is the contract error `code` as the target declares it.
+    pub fn is(&self, r: &Response, code: idem_spec::ErrorCode) -> bool {
+        self.manifest.matches(r, code)
+    }
+
+    /// `code` as the target declares it, for reports.
+    pub fn spelled(&self, code: idem_spec::ErrorCode) -> String {
+        self.manifest.spelled(code)
+    }
+
+    /// Whether `r` is a first execution by the target's own account: a 2xx
+    /// without the declared replay marker and, when the stored outcome is
+    /// known, not byte-identical to it (a replay without a marker).
+    pub fn executed(&self, r: &Response, stored: Option<&Response>) -> bool {
+        (200..300).contains(&r.status)
+            && self.manifest.marked(r) != Some(true)
+            && !stored.is_some_and(|s| s.same_outcome(r))
+    }
+
+    /// Counts the recovery endpoint's effects in the foreign system for
+    /// `marker` through `hooks.foreign_probe`; `None` when none is declared.
+    /// Caller headers go out only when the probe names a caller: the
+    /// target's credentials are not the foreign system's.
+    pub async fn foreign_effects(&self, marker: &str) -> Option<Result<u64, ProbeError>> {
+        let fp = self.manifest.hooks.foreign_probe.as_ref()?;
+        let keys = self.keys_of(marker);
+        Some(self.probe_with(fp, marker, &keys).await)
     }
 
     /// Advances the target's clock through the clock hook.
@@ -577,7 +761,8 @@ impl Rec {
         self.label()
     }
 
-    /// Records one check of `clause`. Returns `ok` so cases can branch.
+    /// Records one check of `clause`, with the clause's class. Returns `ok`
+    /// so cases can branch.
     pub fn check(
         &mut self,
         clause: &'static str,
@@ -585,7 +770,24 @@ impl Rec {
         permitted: impl Into<String>,
         observed: impl Into<String>,
     ) -> bool {
-        let level = clauses::get(clause).map_or(Level::Must, |c| c.level);
+        let class = clauses::get(clause).map_or(Class::Safety, |c| c.class);
+        self.check_as(clause, class, ok, permitted, observed)
+    }
+
+    /// Records one check of `clause` whose failure had a milder consequence
+    /// than the clause's worst: its class is `class`, or the clause's when
+    /// that is milder (a check can never make a clause worse than it is).
+    pub fn check_as(
+        &mut self,
+        clause: &'static str,
+        class: Class,
+        ok: bool,
+        permitted: impl Into<String>,
+        observed: impl Into<String>,
+    ) -> bool {
+        let known = clauses::get(clause);
+        let level = known.map_or(Level::Must, |c| c.level);
+        let class = known.map_or(class, |c| c.class.min(class));
         let verdict = match (ok, level) {
             (true, _) => Verdict::Pass,
             (false, Level::Must) => Verdict::Fail,
@@ -594,15 +796,29 @@ impl Rec {
         self.checks.push(CheckReport {
             clause: clause.to_owned(),
             level,
+            class,
             verdict,
             permitted: permitted.into(),
             observed: observed.into(),
+            headline: None,
         });
         ok
     }
 
+    /// Gives the last check, if it failed, the one line a report leads
+    /// with: the number that proves it.
+    pub fn headline(&mut self, text: impl Into<String>) {
+        if let Some(c) = self.checks.last_mut()
+            && c.verdict != Verdict::Pass
+        {
+            c.headline = Some(text.into());
+        }
+    }
+
     /// Counts effects for `marker` and checks the count equals `want`
-    /// against `clause`; an unusable probe stops the case as an error.
+    /// against `clause`; an unusable probe stops the case as an error, and a
+    /// probe that cannot see this operation (matched by key, sent without
+    /// one) as inconclusive.
     pub async fn check_effects(
         &mut self,
         clause: &'static str,
@@ -612,7 +828,24 @@ impl Rec {
         want: u64,
         why: &str,
     ) -> Option<u64> {
-        match self.ctx.effects(caller, marker, seen).await {
+        let class = clauses::get(clause).map_or(Class::Safety, |c| c.class);
+        self.check_effects_as(clause, class, caller, marker, seen, want, why)
+            .await
+    }
+
+    /// [`check_effects`](Self::check_effects) with a milder class.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn check_effects_as(
+        &mut self,
+        clause: &'static str,
+        class: Class,
+        caller: usize,
+        marker: &str,
+        seen: &[&Response],
+        want: u64,
+        why: &str,
+    ) -> Option<u64> {
+        match self.ctx.effects_settled(caller, marker, seen, want).await {
             Ok(n) => {
                 self.note(format!(
                     "the probe counted {n} effect(s) for marker {marker:?}"
@@ -621,21 +854,66 @@ impl Rec {
                     // The one-sentence witness, in the style of Elle's
                     // anomaly explanations.
                     self.note(format!(
-                        "so: {why}; the probe counted {n} effect(s); {clause} allows {want}"
+                        "so: {why}, and the probe counted {n} effect(s) where {clause} allows {want}"
                     ));
                 }
-                self.check(
+                self.check_as(
                     clause,
+                    class,
                     n == want,
                     format!("exactly {want} side effect(s): {why}"),
                     format!("{n} side effect(s)"),
                 );
+                self.headline(format!("{why}: {n} effect(s), {want} allowed"));
                 Some(n)
             }
             Err(e) => {
-                self.stop(Verdict::Error, e);
+                self.probe_failed(e);
                 None
             }
+        }
+    }
+
+    /// Counts handler runs for `marker` through the execution probe and
+    /// checks the count equals `want`; `None` (and no check) when the
+    /// manifest declares no execution probe.
+    pub async fn check_executions(
+        &mut self,
+        clause: &'static str,
+        marker: &str,
+        want: u64,
+        why: &str,
+    ) -> Option<u64> {
+        match self.ctx.executions(marker).await? {
+            Ok(n) => {
+                self.note(format!(
+                    "the execution probe counted {n} handler run(s) for marker {marker:?}"
+                ));
+                self.check(
+                    clause,
+                    n == want,
+                    format!("exactly {want} handler run(s): {why}"),
+                    format!("{n} handler run(s)"),
+                );
+                self.headline(format!("{why}: {n} handler run(s), {want} allowed"));
+                Some(n)
+            }
+            Err(e) => {
+                self.probe_failed(e);
+                None
+            }
+        }
+    }
+
+    /// A probe gave no count: inconclusive when it cannot see the operation
+    /// at all, an error when it is broken.
+    pub fn probe_failed(&mut self, e: ProbeError) {
+        match e {
+            ProbeError::NoKey => {
+                self.note(format!("not counted: {e}"));
+                self.stop(Verdict::Inconclusive, e.to_string());
+            }
+            ProbeError::Failed(s) => self.stop(Verdict::Error, s),
         }
     }
 
@@ -661,15 +939,3 @@ impl Rec {
 /// How long to give a server that holds a request (pause failpoints,
 /// `Prefer: wait`).
 pub const HOLD: Duration = Duration::from_secs(5);
-
-/// Describes an error under the manifest's profile: `409 idempotency_key_mismatch`.
-pub fn wire_desc(m: &Manifest, code: idem_spec::ErrorCode) -> String {
-    let w = m.wire(code);
-    format!("{} {}", w.status, w.code)
-}
-
-/// Whether `r` is the contract error `code` under the manifest's profile.
-pub fn is_error(m: &Manifest, r: &Response, code: idem_spec::ErrorCode) -> bool {
-    let w = m.wire(code);
-    r.status == w.status && r.code().as_deref() == Some(w.code.as_str())
-}

@@ -7,7 +7,7 @@ use idem_spec::report::Report;
 
 use crate::manifest::{self, Loaded};
 use crate::runner::{self, Options};
-use crate::{EXIT_FAIL, EXIT_HARNESS, EXIT_PASS, Error};
+use crate::{EXIT_CONFORMS, EXIT_HARNESS, EXIT_UNSAFE, Error};
 
 /// Checks an HTTP API against the idempotency contract, black-box.
 #[derive(Debug, Parser)]
@@ -18,21 +18,45 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Where reports go.
+/// Where a run's artefacts go: one directory holding the reports
+/// (`report.html`, `report.json`, `junit.xml`), any counterexample and, for
+/// the demo, the manifest it wrote. `--html`, `--json` and `--junit` write
+/// an extra copy where you say.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Outputs {
-    /// Self-contained HTML report.
-    #[arg(long, default_value = "idem-report.html")]
-    pub html: PathBuf,
-    /// JSON report (schema: spec/generated/schemas/Report.schema.json).
+    /// The directory for every file the run writes (created if missing).
+    #[arg(long, alias = "artifacts-dir", default_value = "idem-report")]
+    pub out_dir: PathBuf,
+    /// Also write the self-contained HTML report here.
+    #[arg(long)]
+    pub html: Option<PathBuf>,
+    /// Also write the JSON report here (schema: spec/generated/schemas/Report.schema.json).
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// JUnit XML report.
+    /// Also write the JUnit XML report here.
     #[arg(long)]
     pub junit: Option<PathBuf>,
-    /// Directory for counterexample files.
-    #[arg(long, default_value = ".")]
-    pub artifacts_dir: PathBuf,
+}
+
+impl Outputs {
+    /// Everything under `dir`, no extra copies.
+    pub fn in_dir(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            out_dir: dir.into(),
+            html: None,
+            json: None,
+            junit: None,
+        }
+    }
+
+    /// Creates the output directory.
+    pub fn prepare(&self) -> Result<&Path, Error> {
+        std::fs::create_dir_all(&self.out_dir).map_err(|source| Error::Io {
+            path: self.out_dir.clone(),
+            source,
+        })?;
+        Ok(&self.out_dir)
+    }
 }
 
 /// The subcommands.
@@ -115,43 +139,49 @@ pub async fn execute(cli: Cli) -> i32 {
             flaw,
             profile,
             out,
-        } => {
-            crate::demo::run(
-                Options {
-                    seed,
-                    only,
-                    progress: true,
-                    artifacts_dir: Some(out.artifacts_dir.clone()),
-                },
-                flaw,
-                profile,
-                &out,
-            )
-            .await
-        }
+        } => match out.prepare() {
+            Ok(dir) => {
+                crate::demo::run(
+                    Options {
+                        seed,
+                        only,
+                        progress: true,
+                        artifacts_dir: Some(dir.to_owned()),
+                    },
+                    flaw,
+                    profile,
+                    &out,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        },
         Command::Run {
             target,
             seed,
             only,
             base_url,
             out,
-        } => {
-            run(
-                &target,
-                base_url,
-                Options {
-                    seed,
-                    only,
-                    progress: true,
-                    artifacts_dir: Some(out.artifacts_dir.clone()),
-                },
-                &out,
-            )
-            .await
-        }
+        } => match out.prepare() {
+            Ok(dir) => {
+                run(
+                    &target,
+                    base_url,
+                    Options {
+                        seed,
+                        only,
+                        progress: true,
+                        artifacts_dir: Some(dir.to_owned()),
+                    },
+                    &out,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        },
         Command::List { target } => list(&target).map(|s| {
             print!("{s}");
-            EXIT_PASS
+            EXIT_CONFORMS
         }),
         Command::Init { path } => init(&path).map(|()| {
             println!(
@@ -159,7 +189,7 @@ pub async fn execute(cli: Cli) -> i32 {
                 path.display(),
                 path.display()
             );
-            EXIT_PASS
+            EXIT_CONFORMS
         }),
         Command::Replay {
             file,
@@ -194,26 +224,34 @@ async fn run(
     emit(&report, out)
 }
 
-/// Prints the console report and writes the requested files; returns the
-/// report's exit code.
+/// Prints the console report and writes every report into the output
+/// directory (and any extra copy asked for); returns the report's exit code.
 pub fn emit(report: &Report, out: &Outputs) -> Result<i32, Error> {
     print!("{}", crate::report::console::render(report));
-    let write = |p: &Path, s: String| {
+    let dir = out.prepare()?;
+    let write = |p: &Path, s: &str| {
         std::fs::write(p, s).map_err(|source| Error::Io {
             path: p.to_owned(),
             source,
         })
     };
-    write(&out.html, crate::report::html::render(report))?;
-    println!("HTML report: {}", out.html.display());
-    if let Some(p) = &out.json {
-        write(p, crate::report::json(report)?)?;
-        println!("JSON report: {}", p.display());
+    let html = crate::report::html::render(report);
+    let json = crate::report::json(report)?;
+    let junit = crate::report::junit::render(report)?;
+    for (name, text, extra) in [
+        ("report.html", &html, &out.html),
+        ("report.json", &json, &out.json),
+        ("junit.xml", &junit, &out.junit),
+    ] {
+        write(&dir.join(name), text)?;
+        if let Some(p) = extra {
+            write(p, text)?;
+        }
     }
-    if let Some(p) = &out.junit {
-        write(p, crate::report::junit::render(report)?)?;
-        println!("JUnit report: {}", p.display());
-    }
+    println!(
+        "reports: {} (report.html, report.json, junit.xml)",
+        dir.display()
+    );
     Ok(report.summary.exit_code)
 }
 
@@ -277,7 +315,8 @@ pub fn init(path: &Path) -> Result<(), Error> {
     })
 }
 
-/// Re-runs a counterexample: exit 1 when it still fails, 0 when fixed.
+/// Re-runs a counterexample: exit 1 when it still fails, 0 when fixed, 2
+/// when the harness could not decide.
 pub async fn replay(file: &Path, target: &Path, base_url: Option<String>) -> Result<i32, Error> {
     let text = std::fs::read_to_string(file).map_err(|source| Error::Io {
         path: file.to_owned(),
@@ -313,16 +352,26 @@ pub async fn replay_loaded(
         loaded.manifest.target.base_url
     );
     for attempt in 1..=REPLAY_ATTEMPTS {
-        if let Err(v) = crate::model::execute(&ctx, &cx.ops, &format!("r{attempt}")).await {
-            println!("STILL FAILS (attempt {attempt}): {}", v.clause);
-            println!("  permitted: {}", v.permitted);
-            println!("  observed:  {}", v.observed);
-            for (i, l) in v.narrative.iter().enumerate() {
-                println!("  {}. {l}", i + 1);
+        match crate::model::execute(&ctx, &cx.ops, &format!("r{attempt}")).await {
+            Ok(_) => {}
+            Err(crate::model::Stop::Violation(v)) => {
+                println!(
+                    "STILL FAILS (attempt {attempt}): {} [{}]",
+                    v.clause, v.class
+                );
+                println!("  permitted: {}", v.permitted);
+                println!("  observed:  {}", v.observed);
+                for (i, l) in v.narrative.iter().enumerate() {
+                    println!("  {}. {l}", i + 1);
+                }
+                return Ok(EXIT_UNSAFE);
             }
-            return Ok(EXIT_FAIL);
+            Err(crate::model::Stop::Undecided(why) | crate::model::Stop::Harness(why)) => {
+                println!("UNDECIDED (attempt {attempt}): {why}");
+                return Ok(EXIT_HARNESS);
+            }
         }
     }
     println!("FIXED: {REPLAY_ATTEMPTS} attempts agreed with the contract model");
-    Ok(EXIT_PASS)
+    Ok(EXIT_CONFORMS)
 }

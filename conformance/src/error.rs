@@ -46,6 +46,10 @@ pub enum Error {
     /// The reference server (demo) could not be built or started.
     #[error("reference server: {0}")]
     Server(String),
+    /// The preflight found the manifest and the target disagree; no case
+    /// ran. The message is one sentence saying what to fix.
+    #[error("preflight: {0}")]
+    Preflight(String),
     /// A report could not be rendered.
     #[error("report: {0}")]
     Report(String),

@@ -85,14 +85,24 @@ impl Response {
         self.json()?.get("code")?.as_str().map(str::to_owned)
     }
 
-    /// A short human rendering: `201 (replayed) code=...`.
+    /// A short human rendering: `201 Idempotent-Replayed: true`,
+    /// `409 code=...`, or an error's body when it has no code. Any header
+    /// naming a replay is shown, whatever its spelling, so narratives read
+    /// right in every dialect.
     pub fn summary(&self) -> String {
         let mut s = self.status.to_string();
-        if self.replayed() {
-            s.push_str(" Idempotent-Replayed: true");
+        for (n, v) in &self.headers {
+            if n.to_ascii_lowercase().contains("replayed") {
+                s.push_str(&format!(" {}: {v}", display_header(n)));
+            }
         }
         if let Some(c) = self.code() {
             s.push_str(&format!(" code={c}"));
+        } else if self.status >= 400 && !self.body.is_empty() {
+            let text = String::from_utf8_lossy(&self.body);
+            let short: String = text.chars().take(60).collect();
+            let more = if text.chars().count() > 60 { "…" } else { "" };
+            s.push_str(&format!(" {short}{more}"));
         }
         if let Some(v) = self.header("retry-after") {
             s.push_str(&format!(" Retry-After: {v}"));
@@ -104,6 +114,20 @@ impl Response {
     pub fn same_outcome(&self, other: &Response) -> bool {
         self.status == other.status && self.body == other.body
     }
+}
+
+/// `idempotent-replayed` → `Idempotent-Replayed`.
+fn display_header(lower: &str) -> String {
+    lower
+        .split('-')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect::<Vec<_>>()
+        .join("-")
 }
 
 /// Why a request produced no response.

@@ -2,19 +2,36 @@
 //!
 //! The kit speaks HTTP only (reqwest) and never links a server's code, so
 //! it judges any vendor's API the same way it judges the reference server.
-//! A run reads a target [`manifest`], executes every [`cases`] case (each
-//! citing the clauses it checks), runs a generated [`model`]-checked
-//! property phase, and renders one [`idem_spec::report::Report`] to the
-//! console, JSON, JUnit XML and a self-contained HTML page.
+//! A run reads a target [`manifest`], checks it against the target
+//! ([`runner::preflight`]: no case runs on a manifest that does not fit),
+//! executes every [`cases`] case (each citing the clauses it checks), runs
+//! a generated [`model`]-checked property phase, and renders one
+//! [`idem_spec::report::Report`] to the console, JSON, JUnit XML and a
+//! self-contained HTML page.
+//!
+//! ## Behaviour, spelling and the result
+//!
+//! Every check carries a class ([`idem_spec::clauses::Class`]): `safety`
+//! (a second effect, a leak, another request's outcome, a stored 5xx, a
+//! final outcome executed again), `semantics` or `interop`. Cases judge
+//! behaviour under the behavioural clause and the spelling of each answer,
+//! recognised through the manifest's declared dialect, under the interop
+//! clauses, so another dialect is never mistaken for unsafe behaviour. The
+//! run is UNSAFE ([`EXIT_UNSAFE`]), a HARNESS ERROR ([`EXIT_HARNESS`]),
+//! DEVIATES ([`EXIT_DEVIATES`]) or CONFORMS ([`EXIT_CONFORMS`]).
 //!
 //! ## Failpoint and restart hooks
 //!
-//! Four cases need the target's cooperation: `failure.5xx-not-stored`
-//! (`hooks.failpoint.server_error`), `inflight.conflict`
+//! Some cases need the target's cooperation: `failure.5xx-not-stored`
+//! (`hooks.failpoint.server_error`, or a body-triggered 5xx,
+//! `endpoints[].server_error_body`), `inflight.conflict`
 //! (`hooks.failpoint.pause`), `recovery.lease-takeover`
-//! (`hooks.failpoint.lease_pause` and the clock hook) and
+//! (`hooks.failpoint.lease_pause` and the clock hook),
 //! `recovery.crash-restart` (`hooks.failpoint.crash_after_commit` and a
-//! restart). The first two go to the first endpoint; the recovery cases go
+//! restart) and `windows.progress` (the foreign-call crash, a restart and
+//! the clock). `hooks.execution_probe`, a count of handler runs, lets the
+//! kit see a final 4xx or a stored 5xx executed again. The first two go to
+//! the first endpoint; the recovery cases go
 //! to `hooks.failpoint.recovery_endpoint` when it names one (a multi-step
 //! endpoint, whose committed recovery points give a lease something to
 //! expire), with that endpoint's own `probe` if it declares one
@@ -58,9 +75,15 @@ pub use error::Error;
 /// The kit's version, recorded in every report.
 pub const KIT_VERSION: &str = env!("CARGO_PKG_VERSION");
 
-/// Exit code when no MUST clause failed.
-pub const EXIT_PASS: i32 = 0;
-/// Exit code when at least one MUST clause failed (unwaived).
-pub const EXIT_FAIL: i32 = 1;
-/// Exit code for harness errors (bad manifest, unreachable target, ...).
+/// Exit code when no MUST clause failed: CONFORMS.
+pub const EXIT_CONFORMS: i32 = 0;
+/// Exit code when a MUST clause of class `safety` failed (unwaived):
+/// UNSAFE. Also `replay`'s "still fails".
+pub const EXIT_UNSAFE: i32 = 1;
+/// Exit code for harness errors (bad manifest, failed preflight,
+/// unreachable target, budget spent, a case that errored) when nothing
+/// unsafe was found.
 pub const EXIT_HARNESS: i32 = 2;
+/// Exit code when only `semantics` or `interop` MUST clauses failed:
+/// DEVIATES.
+pub const EXIT_DEVIATES: i32 = 3;

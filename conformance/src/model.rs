@@ -8,20 +8,31 @@
 //! permits. A violation is shrunk by proptest to the shortest sequence that
 //! still fails, narrated, and saved as data (the concrete operations, not
 //! only a seed) so `replay FILE --target M` re-runs it against any base URL.
+//!
+//! The model judges behaviour only (executed, refused, replayed, leaked,
+//! and the effect counts), under the declared dialect; spellings are the
+//! fixed cases' business, so a foreign dialect never stops the search
+//! early. A clause passes only when some sequence exercised it (a clock
+//! advance for the window, two callers on one key for scope, a burst for
+//! single-effect). An answer that never came is not a violation: the
+//! sequence is undecided, and the case inconclusive if nothing failed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use idem_spec::ErrorCode;
+use std::collections::BTreeSet;
+
+use idem_spec::clauses::Class;
 use idem_spec::report::Verdict;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
 use serde::{Deserialize, Serialize};
 
-use crate::case::{Case, Ctx, Rec, is_error, wire_desc};
+use crate::case::{Aim, Case, Ctx, Rec};
 use crate::http::Response;
-use crate::manifest::expand;
+use crate::manifest::{ManifestExt, expand};
+use crate::probe::ProbeError;
 
 /// Keys per sequence (small, so collisions between operations are common).
 pub const KEYS: u8 = 2;
@@ -70,6 +81,8 @@ struct Stored {
 #[derive(Debug, Default)]
 pub struct Model {
     keys: BTreeMap<(u8, u8), Stored>,
+    /// Keys whose window the model clock passed.
+    expired: BTreeSet<(u8, u8)>,
     now: u64,
     window: u64,
     /// Executions expected per marker.
@@ -81,6 +94,9 @@ pub struct Model {
 pub struct Violation {
     /// The clause broken.
     pub clause: String,
+    /// What breaking it cost, as observed.
+    #[serde(default = "safety")]
+    pub class: Class,
     /// What the model permitted.
     pub permitted: String,
     /// What the target did.
@@ -90,6 +106,22 @@ pub struct Violation {
     /// `curl` commands for the sequence's requests, secrets redacted.
     #[serde(default)]
     pub reproduction: Vec<String>,
+}
+
+fn safety() -> Class {
+    Class::Safety
+}
+
+/// Why a sequence did not end in agreement with the model.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stop {
+    /// The target broke a clause.
+    Violation(Violation),
+    /// The outcome cannot be known (no answer, a probe that cannot see the
+    /// operation): inconclusive, not a failure.
+    Undecided(String),
+    /// The harness failed (the clock hook, a broken probe).
+    Harness(String),
 }
 
 /// A saved counterexample: replayable against any target.
@@ -134,16 +166,63 @@ pub fn sequence(with_clock: bool, window: u64) -> impl Strategy<Value = Vec<Op>>
     proptest::collection::vec(op, 1..8)
 }
 
+/// A sequence that agreed with the model.
+#[derive(Debug, Clone, Default)]
+pub struct Agreed {
+    /// The clauses it exercised.
+    pub exercised: BTreeSet<&'static str>,
+    /// `curl` commands for its requests, secrets redacted.
+    pub reproduction: Vec<String>,
+}
+
 /// Executes one sequence with fresh keys tagged `tag`; checks every answer
 /// against the model and, at the end, every marker's effect count.
-pub async fn execute(ctx: &Ctx, ops: &[Op], tag: &str) -> Result<usize, Violation> {
+pub async fn execute(ctx: &Ctx, ops: &[Op], tag: &str) -> Result<Agreed, Stop> {
     let mut repro = Vec::new();
-    execute_recording(ctx, ops, tag, &mut repro)
-        .await
-        .map_err(|mut v| {
+    match execute_recording(ctx, ops, tag, &mut repro).await {
+        Ok(exercised) => Ok(Agreed {
+            exercised,
+            reproduction: repro,
+        }),
+        Err(Stop::Violation(mut v)) => {
             v.reproduction = repro;
-            v
+            Err(Stop::Violation(v))
+        }
+        Err(other) => Err(other),
+    }
+}
+
+/// The marker of (caller, key, variant) in sequence `tag`.
+fn marker_of(ctx: &Ctx, tag: &str, caller: u8, key: u8, variant: u8) -> String {
+    format!("{}-{tag}-c{caller}k{key}v{variant}", ctx.run_id)
+}
+
+struct Exec<'a> {
+    ctx: &'a Ctx,
+    narrative: Vec<String>,
+    exercised: BTreeSet<&'static str>,
+}
+
+impl Exec<'_> {
+    fn violation(&self, clause: &str, class: Class, permitted: String, observed: String) -> Stop {
+        Stop::Violation(Violation {
+            clause: clause.to_owned(),
+            class,
+            permitted,
+            observed,
+            narrative: self.narrative.clone(),
+            reproduction: Vec::new(),
         })
+    }
+
+    async fn effects(&mut self, caller: u8, marker: &str, seen: &[Response]) -> Result<u64, Stop> {
+        let refs: Vec<&Response> = seen.iter().collect();
+        match self.ctx.effects(caller as usize, marker, &refs).await {
+            Ok(n) => Ok(n),
+            Err(ProbeError::NoKey) => Err(Stop::Undecided(ProbeError::NoKey.to_string())),
+            Err(ProbeError::Failed(e)) => Err(Stop::Harness(e)),
+        }
+    }
 }
 
 async fn execute_recording(
@@ -151,38 +230,37 @@ async fn execute_recording(
     ops: &[Op],
     tag: &str,
     repro: &mut Vec<String>,
-) -> Result<usize, Violation> {
+) -> Result<BTreeSet<&'static str>, Stop> {
     let mut model = Model {
         window: ctx.manifest.policy.replay_window_secs,
         ..Model::default()
     };
-    let mut narrative = Vec::new();
-    let mut seen: BTreeMap<String, Vec<Response>> = BTreeMap::new();
-    let names = [ctx.caller(0).name.clone(), ctx.caller(1).name.clone()];
-    let violation =
-        |clause: &str, permitted: String, observed: String, narrative: &Vec<String>| Violation {
-            clause: clause.to_owned(),
-            permitted,
-            observed,
-            narrative: narrative.clone(),
-            reproduction: Vec::new(),
-        };
+    let mut x = Exec {
+        ctx,
+        narrative: Vec::new(),
+        exercised: BTreeSet::new(),
+    };
+    let mut seen: BTreeMap<String, (u8, bool, Vec<Response>)> = BTreeMap::new();
+    let names = [ctx.name(0).to_owned(), ctx.name(1).to_owned()];
     for (i, op) in ops.iter().enumerate() {
         let step = format!("S{}", i + 1);
         match *op {
             Op::Advance { secs } => {
-                ctx.advance_clock(secs).await.map_err(|e| {
-                    violation(
-                        "idem.window.replay",
-                        "the clock hook works".into(),
-                        e,
-                        &narrative,
-                    )
-                })?;
+                ctx.advance_clock(secs).await.map_err(Stop::Harness)?;
                 model.now += secs;
                 let (now, window) = (model.now, model.window);
-                model.keys.retain(|_, s| now - s.at <= window);
-                narrative.push(format!("{step}: the clock advances {secs} s"));
+                let gone: Vec<(u8, u8)> = model
+                    .keys
+                    .iter()
+                    .filter(|(_, s)| now - s.at > window)
+                    .map(|(k, _)| *k)
+                    .collect();
+                for k in gone {
+                    model.keys.remove(&k);
+                    model.expired.insert(k);
+                }
+                x.narrative
+                    .push(format!("{step}: the clock advances {secs} s"));
                 repro.push(format!(
                     "# {step}: advance the clock {secs} s through hooks.clock"
                 ));
@@ -203,15 +281,15 @@ async fn execute_recording(
                 } else {
                     1
                 };
-                let marker = format!("{}-{tag}-c{caller}k{key}v{variant}", ctx.run_id);
+                let marker = marker_of(ctx, tag, caller, key, variant);
                 let keyname = format!("{}-{tag}-k{key}", ctx.run_id);
                 let body = expand(
                     &ctx.endpoint().body,
                     ctx.caller(caller as usize),
                     &marker,
-                    1 + u64::from(key) * 3 + u64::from(variant) * 11,
+                    ctx.amount_at(u64::from(key) * 2 + u64::from(variant)),
                 );
-                let req = ctx.op(caller as usize, Some(&keyname), &body);
+                let req = ctx.op(caller as usize, Some(&keyname), &marker, &body);
                 repro.push(format!(
                     "# {step}{}\n{}",
                     if n > 1 {
@@ -228,159 +306,249 @@ async fn execute_recording(
                 };
                 let answers: Vec<Response> = match sent.into_iter().collect::<Result<Vec<_>, _>>() {
                     Ok(a) => a,
-                    Err(f) => {
-                        return Err(violation(
-                            "idem.state.three-states",
-                            "an answer".into(),
-                            format!("no answer: {f}"),
-                            &narrative,
-                        ));
-                    }
+                    Err(f) => return Err(Stop::Undecided(format!("{step}: no answer: {f}"))),
                 };
-                let what = format!(
-                    "{step}: {} sends {}key k{key} with body {variant}",
+                let shown: Vec<String> = answers.iter().map(Response::summary).collect();
+                x.narrative.push(format!(
+                    "{step}: {} sends {}key k{key} with body {variant} → {}",
                     names[caller as usize],
                     if n > 1 {
                         format!("{n} concurrent copies, ")
                     } else {
                         String::new()
-                    }
-                );
-                let shown: Vec<String> = answers.iter().map(Response::summary).collect();
-                narrative.push(format!("{what} → {}", shown.join(" | ")));
-                seen.entry(marker.clone())
-                    .or_default()
-                    .extend(answers.iter().cloned());
-                let state = model.keys.get(&(caller, key)).cloned();
-                match state {
+                    },
+                    shown.join(" | ")
+                ));
+                let entry = seen
+                    .entry(marker.clone())
+                    .or_insert_with(|| (caller, false, Vec::new()));
+                entry.1 |= n > 1;
+                entry.2.extend(answers.iter().cloned());
+                let other = model.keys.get(&(1 - caller.min(1), key)).cloned();
+                // A response that only the other caller could have been
+                // given is a leak, whatever this caller's own state.
+                // Identical bytes alone could be two executions of an API
+                // whose answers carry no id: the probe decides.
+                let before = model.effects.get(&marker).copied().unwrap_or(0);
+                if let Some(o) = other.as_ref().and_then(|o| o.response.clone())
+                    && let Some(r) = answers
+                        .iter()
+                        .find(|r| (200..300).contains(&r.status) && r.same_outcome(&o))
+                    && ctx
+                        .is_leak(caller as usize, &marker, before, r, &o)
+                        .await
+                        .map_err(|e| match e {
+                            ProbeError::NoKey => Stop::Undecided(e.to_string()),
+                            ProbeError::Failed(s) => Stop::Harness(s),
+                        })?
+                {
+                    return Err(x.violation(
+                        "idem.scope.caller",
+                        Class::Safety,
+                        "never the other caller's stored response".into(),
+                        r.summary(),
+                    ));
+                }
+                match model.keys.get(&(caller, key)).cloned() {
                     None => {
-                        let exec: Vec<&Response> = answers
-                            .iter()
-                            .filter(|r| (200..300).contains(&r.status) && !r.replayed())
-                            .collect();
-                        let Some(first) = exec.first().copied() else {
-                            // Another caller's use of the same key index is
-                            // the only thing that could shape this answer.
-                            let other = model.keys.contains_key(&(1 - caller.min(1), key));
-                            let clause = if other {
-                                "idem.scope.caller"
+                        let Some(first) = answers.iter().find(|r| ctx.executed(r, None)) else {
+                            if answers.iter().any(|r| matches!(r.status, 429 | 503)) {
+                                // Shed load says nothing about the key.
+                                return Err(Stop::Undecided(format!(
+                                    "{step}: the target shed load ({})",
+                                    shown.join(" | ")
+                                )));
+                            }
+                            let (clause, permitted) = if other.is_some() {
+                                (
+                                    "idem.scope.caller",
+                                    "the other caller's use of the key neither blocks nor refuses this one: it executes",
+                                )
+                            } else if model.expired.contains(&(caller, key)) {
+                                (
+                                    "idem.window.expiry",
+                                    "a key reused after its window executes as a new request",
+                                )
                             } else {
-                                "idem.state.three-states"
+                                (
+                                    "idem.state.three-states",
+                                    "an absent key executes: a 2xx that is not a replay",
+                                )
                             };
-                            return Err(violation(
+                            return Err(x.violation(
                                 clause,
-                                "an absent key executes: one 2xx without the replay marker".into(),
+                                Class::Semantics,
+                                permitted.into(),
                                 shown.join(" | "),
-                                &narrative,
                             ));
                         };
-                        for r in &answers {
-                            if std::ptr::eq(r, first)
-                                || is_error(&ctx.manifest, r, ErrorCode::IdempotencyKeyInUse)
-                            {
-                                continue;
-                            }
-                            if r.same_outcome(first) {
-                                if !r.replayed() {
-                                    return Err(violation(
-                                        "idem.replay.marker",
-                                        "a replay carries Idempotent-Replayed: true".into(),
-                                        r.summary(),
-                                        &narrative,
+                        if other.is_some() {
+                            x.exercised.insert("idem.scope.caller");
+                        }
+                        if model.expired.remove(&(caller, key)) {
+                            x.exercised.insert("idem.window.expiry");
+                        }
+                        x.exercised.insert("idem.state.three-states");
+                        let first = first.clone();
+                        let executions = answers
+                            .iter()
+                            .filter(|r| ctx.executed(r, Some(&first)))
+                            .count()
+                            + 1;
+                        let odd: Vec<String> = answers
+                            .iter()
+                            .filter(|r| {
+                                !(r.same_outcome(&first)
+                                    || (400..500).contains(&r.status)
+                                    || r.status == 503
+                                    || ctx.executed(r, Some(&first)))
+                            })
+                            .map(Response::summary)
+                            .collect();
+                        if n > 1 {
+                            x.exercised.insert("idem.concurrency.single-effect");
+                            // More than one execution answered: count now,
+                            // so a safety failure is never masked by a
+                            // later, milder one.
+                            if executions > 1 || !odd.is_empty() {
+                                let got = x.effects(caller, &marker, &answers).await?;
+                                if got > 1 {
+                                    return Err(x.violation(
+                                        "idem.concurrency.single-effect",
+                                        Class::Safety,
+                                        format!("{n} concurrent copies with one key: one effect"),
+                                        format!("{got} effects; answers {}", shown.join(" | ")),
                                     ));
                                 }
-                                continue;
                             }
-                            return Err(violation(
-                                "idem.concurrency.single-effect",
-                                format!(
-                                    "one execution; others {} or identical replays",
-                                    wire_desc(&ctx.manifest, ErrorCode::IdempotencyKeyInUse)
-                                ),
-                                r.summary(),
-                                &narrative,
-                            ));
+                            if !odd.is_empty() {
+                                return Err(x.violation(
+                                    "idem.concurrency.single-effect",
+                                    Class::Semantics,
+                                    "every other copy refused or answered with an identical replay"
+                                        .into(),
+                                    odd.join(" | "),
+                                ));
+                            }
                         }
                         *model.effects.entry(marker.clone()).or_default() += 1;
                         model.keys.insert(
                             (caller, key),
                             Stored {
                                 variant,
-                                response: Some(first.clone()),
+                                response: Some(first),
                                 at: model.now,
                             },
                         );
                     }
                     Some(s) if s.variant == variant => {
-                        let fresh = answers.iter().any(|r| {
-                            (200..300).contains(&r.status)
-                                && !r.replayed()
-                                && !s.response.as_ref().is_some_and(|f| f.same_outcome(r))
-                        });
-                        if fresh && s.at < model.now {
-                            // Executed again after the clock moved, inside
-                            // the window: the window broke, not the replay.
-                            return Err(violation(
-                                "idem.window.replay",
-                                format!(
-                                    "a replay: the key is {} s old, inside the {} s window",
-                                    model.now - s.at,
-                                    model.window
-                                ),
-                                shown.join(" | "),
-                                &narrative,
+                        let stored = s.response.clone();
+                        let moved = s.at < model.now;
+                        for r in &answers {
+                            if stored.as_ref().is_some_and(|f| f.same_outcome(r)) {
+                                continue;
+                            }
+                            if ctx.executed(r, stored.as_ref()) {
+                                // Executed again: count it; more effects
+                                // than the model allows is the worst case.
+                                let got = x.effects(caller, &marker, &answers).await?;
+                                let want = model.effects.get(&marker).copied().unwrap_or(0);
+                                if got > want {
+                                    return Err(x.violation(
+                                        "idem.replay.no-reexecution",
+                                        Class::Safety,
+                                        format!(
+                                            "a resend of a completed request: {want} effect(s)"
+                                        ),
+                                        format!("{got} effects; {}", r.summary()),
+                                    ));
+                                }
+                            }
+                            let (clause, permitted) = if moved {
+                                (
+                                    "idem.window.replay",
+                                    format!(
+                                        "a replay: the key is {} s old, inside the {} s window",
+                                        model.now - s.at,
+                                        model.window
+                                    ),
+                                )
+                            } else {
+                                (
+                                    "idem.replay.verbatim",
+                                    "a verbatim replay of the stored response".to_owned(),
+                                )
+                            };
+                            return Err(x.violation(
+                                clause,
+                                Class::Semantics,
+                                permitted,
+                                r.summary(),
                             ));
                         }
-                        for r in &answers {
-                            let ok = r.replayed()
-                                && s.response.as_ref().is_some_and(|f| f.same_outcome(r));
-                            if !ok {
-                                return Err(violation("idem.replay.verbatim", "a verbatim replay of the stored response, with Idempotent-Replayed: true".into(), r.summary(), &narrative));
-                            }
+                        x.exercised.insert("idem.replay.verbatim");
+                        if moved {
+                            x.exercised.insert("idem.window.replay");
                         }
                     }
-                    Some(_) => {
+                    Some(s) => {
+                        let stored = s.response.clone();
                         for r in &answers {
-                            if !is_error(&ctx.manifest, r, ErrorCode::IdempotencyKeyMismatch) {
-                                return Err(violation(
+                            if stored.as_ref().is_some_and(|f| f.same_outcome(r))
+                                || ctx.manifest.marked(r) == Some(true)
+                                || r.replayed()
+                            {
+                                return Err(x.violation(
                                     "idem.fingerprint.mismatch",
-                                    wire_desc(&ctx.manifest, ErrorCode::IdempotencyKeyMismatch),
+                                    Class::Safety,
+                                    "a changed body under a used key is never answered with the stored response".into(),
                                     r.summary(),
-                                    &narrative,
+                                ));
+                            }
+                            if !(400..500).contains(&r.status) {
+                                return Err(x.violation(
+                                    "idem.fingerprint.mismatch",
+                                    Class::Semantics,
+                                    format!(
+                                        "a changed body under a used key is refused ({} as declared)",
+                                        ctx.spelled(idem_spec::ErrorCode::IdempotencyKeyMismatch)
+                                    ),
+                                    r.summary(),
                                 ));
                             }
                         }
+                        x.exercised.insert("idem.fingerprint.mismatch");
                     }
                 }
             }
         }
     }
-    for (marker, responses) in &seen {
-        let caller = if marker.contains("-c1k") { 1 } else { 0 };
+    for (marker, (caller, burst, responses)) in &seen {
         let want = model.effects.get(marker).copied().unwrap_or(0);
-        let refs: Vec<&Response> = responses.iter().collect();
-        match ctx.effects(caller, marker, &refs).await {
-            Ok(n) if n == want => {}
-            Ok(n) => {
-                narrative.push(format!("the probe counts {n} effect(s) for {marker:?}"));
-                return Err(violation(
-                    "idem.replay.no-reexecution",
-                    format!("{want} effect(s) for {marker:?}"),
-                    format!("{n} effect(s)"),
-                    &narrative,
-                ));
-            }
-            Err(e) => {
-                return Err(violation(
-                    "idem.replay.no-reexecution",
-                    "a working probe".into(),
-                    e,
-                    &narrative,
-                ));
-            }
+        let n = x.effects(*caller, marker, responses).await?;
+        if n == want {
+            continue;
         }
+        x.narrative
+            .push(format!("the probe counts {n} effect(s) for {marker:?}"));
+        let (clause, class) = match (n > want, burst) {
+            (true, true) => ("idem.concurrency.single-effect", Class::Safety),
+            (true, false) => ("idem.replay.no-reexecution", Class::Safety),
+            // Fewer effects than 2xx executions: answers that claimed an
+            // execution that did not happen.
+            (false, _) => ("idem.state.three-states", Class::Semantics),
+        };
+        return Err(x.violation(
+            clause,
+            class,
+            format!("{want} effect(s) for {marker:?}"),
+            format!("{n} effect(s)"),
+        ));
     }
-    Ok(ops.len())
+    if !seen.is_empty() {
+        x.exercised.insert("idem.replay.no-reexecution");
+    }
+    Ok(x.exercised)
 }
 
 /// The property phase as a case, so it appears in every report.
@@ -390,8 +558,8 @@ pub fn case() -> Case {
         title: "generated operation sequences (send, resend, changed body, other caller, bursts, clock) agree with the contract model",
         clauses: &[
             "idem.replay.verbatim",
-            "idem.replay.marker",
             "idem.window.replay",
+            "idem.window.expiry",
             "idem.fingerprint.mismatch",
             "idem.scope.caller",
             "idem.concurrency.single-effect",
@@ -399,6 +567,9 @@ pub fn case() -> Case {
             "idem.state.three-states",
         ],
         needs: &[],
+        aim: Aim::Main,
+        // Sequences move the clock when a clock hook is declared.
+        alone: |m| m.hooks.clock.is_some(),
         permitted: |m| {
             vec![format!(
                 "{} sequences; every answer as the model predicts; shrunk counterexample saved for `replay`",
@@ -421,6 +592,13 @@ async fn property(rec: &mut Rec) {
     let counter = Arc::new(AtomicU64::new(0));
     let c2 = counter.clone();
     let ctx2 = ctx.clone();
+    // What every agreeing sequence exercised, and the first undecided one.
+    let exercised = Arc::new(std::sync::Mutex::new(BTreeSet::<&'static str>::new()));
+    // The reproduction of the longest agreeing sequence, as an example.
+    let example = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let ex3 = example.clone();
+    let undecided = Arc::new(std::sync::Mutex::new(None::<(Verdict, String)>));
+    let (ex2, un2) = (exercised.clone(), undecided.clone());
     let result = tokio::task::spawn_blocking(move || {
         let mut seed_bytes = [0u8; 32];
         seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
@@ -443,13 +621,37 @@ async fn property(rec: &mut Rec) {
             c2.fetch_add(1, Ordering::SeqCst);
             let tag = format!("p{}", ctx2.unique());
             match handle.block_on(execute(&ctx2, &ops, &tag)) {
-                Ok(_) => Ok(()),
-                Err(v) => {
+                Ok(done) => {
+                    if let Ok(mut e) = ex2.lock() {
+                        e.extend(done.exercised);
+                    }
+                    if let Ok(mut e) = ex3.lock()
+                        && done.reproduction.len() > e.len()
+                    {
+                        *e = done.reproduction;
+                    }
+                    Ok(())
+                }
+                Err(Stop::Violation(v)) => {
                     let msg = format!("{}: {}", v.clause, v.observed);
                     if let Ok(mut l) = last.lock() {
                         *l = Some(v);
                     }
                     Err(TestCaseError::fail(msg))
+                }
+                // Not a failure of the target: keep searching, and say so
+                // at the end if nothing failed.
+                Err(Stop::Undecided(why)) => {
+                    if let Ok(mut u) = un2.lock() {
+                        u.get_or_insert((Verdict::Inconclusive, why));
+                    }
+                    Ok(())
+                }
+                Err(Stop::Harness(why)) => {
+                    if let Ok(mut u) = un2.lock() {
+                        *u = Some((Verdict::Error, why));
+                    }
+                    Ok(())
                 }
             }
         });
@@ -464,13 +666,43 @@ async fn property(rec: &mut Rec) {
     let executed = counter.load(Ordering::SeqCst);
     match result {
         Ok(Ok(())) => {
-            rec.note(format!("{cases} generated sequences ({executed} executions, seed {seed}) agreed with the model"));
+            let exercised = exercised.lock().map(|e| e.clone()).unwrap_or_default();
+            rec.note(format!(
+                "{cases} generated sequences ({executed} executions, seed {seed}) agreed with the model"
+            ));
+            // A clause passes only when a sequence exercised it.
             for c in case().clauses {
-                rec.check(
-                    c,
-                    true,
-                    "as the model predicts",
-                    format!("{cases} sequences agreed"),
+                if exercised.contains(c) {
+                    rec.check(
+                        c,
+                        true,
+                        "as the model predicts",
+                        format!("{cases} sequences agreed"),
+                    );
+                }
+            }
+            let skipped: Vec<&str> = case()
+                .clauses
+                .iter()
+                .copied()
+                .filter(|c| !exercised.contains(c))
+                .collect();
+            if !skipped.is_empty() {
+                rec.note(format!(
+                    "not exercised by these sequences (no verdict from this case): {}",
+                    skipped.join(", ")
+                ));
+            }
+            let example = example.lock().map(|e| e.clone()).unwrap_or_default();
+            if !example.is_empty() {
+                rec.reproduction
+                    .push("# the longest generated sequence, which agreed with the model:".into());
+                rec.reproduction.extend(example);
+            }
+            if let Some((v, why)) = undecided.lock().ok().and_then(|u| u.clone()) {
+                rec.stop(
+                    v,
+                    format!("a generated sequence could not be decided: {why}"),
                 );
             }
         }
@@ -478,10 +710,10 @@ async fn property(rec: &mut Rec) {
             let (ops, v) = *found;
             let Some(v) = v else { return };
             // Re-run the shrunk sequence once more for its own narrative.
-            let final_v = execute(&ctx, &ops, &format!("p{}", ctx.unique()))
-                .await
-                .err()
-                .unwrap_or(v);
+            let final_v = match execute(&ctx, &ops, &format!("p{}", ctx.unique())).await {
+                Err(Stop::Violation(again)) => again,
+                _ => v,
+            };
             let cx = Counterexample {
                 kit_version: crate::KIT_VERSION.to_owned(),
                 seed,
@@ -490,7 +722,7 @@ async fn property(rec: &mut Rec) {
             };
             let file = ctx
                 .artifacts
-                .join(format!("idem-report-counterexample-{}.json", ctx.run_id))
+                .join(format!("counterexample-{}.json", ctx.run_id))
                 .display()
                 .to_string();
             let saved = serde_json::to_string_pretty(&cx)
@@ -517,7 +749,19 @@ async fn property(rec: &mut Rec) {
                 .copied()
                 .find(|c| *c == final_v.clause)
                 .unwrap_or("idem.state.three-states");
-            rec.check(clause, false, final_v.permitted, final_v.observed);
+            rec.check_as(
+                clause,
+                final_v.class,
+                false,
+                final_v.permitted.clone(),
+                final_v.observed.clone(),
+            );
+            rec.headline(format!(
+                "{} generated operation(s): got {}; the contract: {}",
+                ops.len(),
+                final_v.observed,
+                final_v.permitted
+            ));
         }
         Ok(Err(_)) => rec.stop(Verdict::Error, "the property runner aborted"),
         Err(e) => rec.stop(Verdict::Error, format!("property phase panicked: {e}")),
@@ -549,6 +793,7 @@ mod tests {
             ],
             violation: Violation {
                 clause: "idem.scope.caller".into(),
+                class: Class::Safety,
                 permitted: "p".into(),
                 observed: "o".into(),
                 narrative: vec![],

@@ -7,65 +7,155 @@
 
 use std::collections::BTreeSet;
 
-use idem_spec::manifest::EffectProbe;
+use idem_spec::manifest::{EffectProbe, MatchOn};
 use serde_json::Value;
 
 use crate::http::{Client, Request, Response};
 
-/// Counts effects for `marker`. `seen` are the responses the kit got for
-/// that logical operation (used by the resource-id probe). The caller's
-/// headers are those of the probe's caller.
+/// The operation a probe is asked about: its run-unique marker and the
+/// idempotency keys it was sent with (unquoted).
+#[derive(Debug, Clone, Copy)]
+pub struct Subject<'a> {
+    /// The marker the operation's body (or headers, or path) carried.
+    pub marker: &'a str,
+    /// The keys the operation was sent with.
+    pub keys: &'a [String],
+}
+
+/// Why a probe produced no count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProbeError {
+    /// The probe matches effects by key, and the operation carried none:
+    /// nothing can be counted (the check is inconclusive, not an error).
+    NoKey,
+    /// The probe could not be read: a harness problem.
+    Failed(String),
+}
+
+impl std::fmt::Display for ProbeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NoKey => f.write_str(
+                "the probe matches effects by idempotency key and this operation carried none",
+            ),
+            Self::Failed(s) => f.write_str(s),
+        }
+    }
+}
+
+/// Whether the probe matches effects by idempotency key.
+pub fn by_key(probe: &EffectProbe) -> bool {
+    match probe {
+        EffectProbe::Count { url, .. } => url.contains("{{key}}"),
+        EffectProbe::List { url, match_on, .. } => {
+            *match_on == MatchOn::Key || url.contains("{{key}}")
+        }
+        EffectProbe::ResourceId { .. } => false,
+    }
+}
+
+/// Counts effects for `subject`. `seen` are the responses the kit got for
+/// that logical operation (used by the resource-id probe). `headers` are
+/// those of the probe's caller.
 pub async fn effects(
     probe: &EffectProbe,
     client: &Client,
     base_url: &str,
     headers: &[(String, Vec<u8>)],
-    marker: &str,
+    subject: Subject<'_>,
     seen: &[&Response],
-) -> Result<u64, String> {
+) -> Result<u64, ProbeError> {
+    let keyed = by_key(probe);
+    if keyed && subject.keys.is_empty() {
+        return Err(ProbeError::NoKey);
+    }
+    // One URL per key when the URL names the key, else one URL.
+    let urls = |url: &str| -> Vec<String> {
+        let url = url.replace("{{marker}}", subject.marker);
+        if url.contains("{{key}}") {
+            subject
+                .keys
+                .iter()
+                .map(|k| url.replace("{{key}}", &url_escape(k)))
+                .collect()
+        } else {
+            vec![url]
+        }
+    };
     match probe {
         EffectProbe::ResourceId { id_pointer } => Ok(distinct_ids(id_pointer, seen)),
         EffectProbe::Count {
             url, count_pointer, ..
         } => {
-            let doc = get(
-                client,
-                base_url,
-                &url.replace("{{marker}}", marker),
-                headers,
-            )
-            .await?;
-            let at = doc
-                .pointer(count_pointer)
-                .ok_or_else(|| format!("probe: no value at {count_pointer:?}"))?;
-            match at {
-                Value::Number(n) => n
-                    .as_u64()
-                    .ok_or_else(|| format!("probe: count {n} is not a non-negative integer")),
-                Value::Array(a) => Ok(a.len() as u64),
-                other => Err(format!("probe: expected a number or array, got {other}")),
+            let mut total = 0;
+            for u in urls(url) {
+                let doc = get(client, base_url, &u, headers).await?;
+                let at = doc.pointer(count_pointer).ok_or_else(|| {
+                    ProbeError::Failed(format!("probe GET {u}: no value at {count_pointer:?}"))
+                })?;
+                total += match at {
+                    Value::Number(n) => n.as_u64().ok_or_else(|| {
+                        ProbeError::Failed(format!(
+                            "probe GET {u}: count {n} is not a non-negative integer"
+                        ))
+                    })?,
+                    Value::Array(a) => a.len() as u64,
+                    other => {
+                        return Err(ProbeError::Failed(format!(
+                            "probe GET {u}: expected a number or array at {count_pointer:?}, got {other}"
+                        )));
+                    }
+                };
             }
+            Ok(total)
         }
         EffectProbe::List {
             url,
             items_pointer,
             match_pointer,
+            match_on,
             ..
         } => {
-            let doc = get(
-                client,
-                base_url,
-                &url.replace("{{marker}}", marker),
-                headers,
-            )
-            .await?;
-            let items = doc
-                .pointer(items_pointer)
-                .and_then(Value::as_array)
-                .ok_or_else(|| format!("probe: no array at {items_pointer:?}"))?;
-            Ok(count_matching(items, match_pointer, marker))
+            let wanted: Vec<&str> = match match_on {
+                MatchOn::Marker => vec![subject.marker],
+                MatchOn::Key => subject.keys.iter().map(String::as_str).collect(),
+            };
+            // Items are deduplicated across the per-key pages by their
+            // whole value, so one effect listed under two URLs counts once.
+            let mut items = BTreeSet::new();
+            for u in urls(url) {
+                let doc = get(client, base_url, &u, headers).await?;
+                let list = doc
+                    .pointer(items_pointer)
+                    .and_then(Value::as_array)
+                    .ok_or_else(|| {
+                        ProbeError::Failed(format!("probe GET {u}: no array at {items_pointer:?}"))
+                    })?;
+                for i in list {
+                    if i.pointer(match_pointer)
+                        .and_then(Value::as_str)
+                        .is_some_and(|v| wanted.contains(&v))
+                    {
+                        items.insert(i.to_string());
+                    }
+                }
+            }
+            Ok(items.len() as u64)
         }
     }
+}
+
+/// Percent-encodes what a key may contain that a query value may not.
+fn url_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// Items whose `match_pointer` value is the string `marker`.
@@ -95,6 +185,17 @@ pub fn join(base_url: &str, path: &str) -> String {
 }
 
 async fn get(
+    client: &Client,
+    base_url: &str,
+    path: &str,
+    headers: &[(String, Vec<u8>)],
+) -> Result<Value, ProbeError> {
+    get_text(client, base_url, path, headers)
+        .await
+        .map_err(ProbeError::Failed)
+}
+
+async fn get_text(
     client: &Client,
     base_url: &str,
     path: &str,
@@ -138,6 +239,31 @@ mod tests {
         .expect("json");
         assert_eq!(count_matching(&items, "/reference", "m1"), 2);
         assert_eq!(count_matching(&items, "/reference", "m3"), 0);
+    }
+
+    #[test]
+    fn keys_are_escaped_for_query_strings() {
+        assert_eq!(url_escape("run-1\"q\\ x"), "run-1%22q%5C%20x");
+    }
+
+    #[test]
+    fn key_matched_probes_are_recognised() {
+        let list = |match_on| EffectProbe::List {
+            url: "/v1/orders".into(),
+            items_pointer: "/items".into(),
+            match_pointer: "/idempotency_key".into(),
+            match_on,
+            caller: None,
+        };
+        assert!(by_key(&list(MatchOn::Key)));
+        assert!(!by_key(&list(MatchOn::Marker)));
+        let count = |url: &str| EffectProbe::Count {
+            url: url.into(),
+            count_pointer: "/count".into(),
+            caller: None,
+        };
+        assert!(by_key(&count("/x?idempotency_key={{key}}")));
+        assert!(!by_key(&count("/x?marker={{marker}}")));
     }
 
     #[test]

@@ -1,17 +1,27 @@
 //! Runs a plan of cases against a target under the manifest's safety
 //! limits, and builds the one report every renderer uses.
+//!
+//! A run starts with a preflight ([`preflight`]): the base URL answers,
+//! every caller authenticates, every endpoint's fresh request succeeds and
+//! the probes count its one effect. If any of that fails, no case runs and
+//! the run is a harness error with one sentence saying what to fix. Then
+//! the cases that may share the target run `limits.parallel_cases` at a
+//! time, and those that hold requests, restart the target or move its clock
+//! run alone, after them. The report lists cases in plan order either way.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_spec::clauses::{self, Level, Party};
-use idem_spec::report::{CaseReport, ClauseReport, Report, Summary, Verdict};
+use idem_spec::clauses::{self, Class, Level, Party};
+use idem_spec::report::{
+    CaseReport, ClauseCounts, ClauseReport, Headline, Outcome, Report, Rerun, Summary, Verdict,
+};
 
+use crate::Error;
 use crate::case::{Case, Ctx, Rec};
 use crate::http::Client;
 use crate::manifest::{Loaded, ManifestExt};
-use crate::{EXIT_FAIL, EXIT_HARNESS, EXIT_PASS, Error};
 
 /// Options of one run.
 #[derive(Debug, Clone, Default)]
@@ -49,7 +59,7 @@ pub fn client(loaded: &Loaded) -> Result<Client, Error> {
     Client::new(
         Duration::from_millis(m.limits.request_timeout_ms),
         m.limits.requests_per_second,
-        m.limits.concurrency,
+        m.limits.concurrency.max(2) * 2,
         m.limits.max_side_effects,
         secrets,
     )
@@ -92,6 +102,7 @@ pub async fn run_with(
             )
             .with_restarter(restarter),
     );
+    let preflight = preflight(&ctx).await.map_err(Error::Preflight)?;
     let plan = plan(opts);
     let bar = if opts.progress {
         let b = indicatif::ProgressBar::new(plan.len() as u64);
@@ -104,32 +115,37 @@ pub async fn run_with(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let mut cases = Vec::with_capacity(plan.len());
-    for case in &plan {
-        bar.set_message(case.id);
-        let mut result = run_case(case, ctx.clone()).await;
-        if result.verdict == Verdict::Fail {
-            // Flake discipline: re-run a failing case once, with fresh keys.
-            // A MUST broken once stays broken; the re-run only tells the
-            // reader whether the failure is stable or intermittent.
-            let again = run_case(case, ctx.clone()).await;
-            let note = if again.verdict == Verdict::Fail {
-                "stable: failed again on an automatic re-run".to_owned()
-            } else {
-                format!(
-                    "intermittent: an automatic re-run ended {} (a race the target loses sometimes)",
-                    again.verdict
-                )
-            };
-            result.reason = Some(match result.reason.take() {
-                Some(r) => format!("{r}; {note}"),
-                None => note,
-            });
+    let m = &loaded.manifest;
+    type Indexed<'a> = Vec<(usize, &'a Case)>;
+    let (alone, shared): (Indexed, Indexed) =
+        plan.iter().enumerate().partition(|(_, c)| (c.alone)(m));
+    let mut results: Vec<Option<CaseReport>> = vec![None; plan.len()];
+    // Shared cases, a bounded number at a time. Each uses fresh keys and
+    // markers, so they cannot see each other's requests.
+    let width = (m.limits.parallel_cases.max(1) as usize).min(shared.len().max(1));
+    let mut queue = shared.into_iter();
+    let mut running = tokio::task::JoinSet::new();
+    loop {
+        while running.len() < width {
+            let Some((i, case)) = queue.next() else { break };
+            let (case, ctx) = (case.clone(), ctx.clone());
+            running.spawn(async move { (i, run_with_rerun(&case, ctx).await) });
         }
-        cases.push(result);
+        let Some(done) = running.join_next().await else {
+            break;
+        };
+        let (i, result) = done.map_err(|e| Error::Report(format!("a case panicked: {e}")))?;
+        bar.set_message(plan[i].id);
+        bar.inc(1);
+        results[i] = Some(result);
+    }
+    for (i, case) in alone {
+        bar.set_message(case.id);
+        results[i] = Some(run_with_rerun(case, ctx.clone()).await);
         bar.inc(1);
     }
     bar.finish_and_clear();
+    let cases: Vec<CaseReport> = results.into_iter().flatten().collect();
     let mut report = Report {
         kit_version: crate::KIT_VERSION.to_owned(),
         contract_version: idem_spec::CONTRACT_VERSION.to_owned(),
@@ -143,6 +159,8 @@ pub async fn run_with(
         duration_ms: started.elapsed().as_millis() as u64,
         side_effect_requests: client.effects_used(),
         requests: client.requests_sent(),
+        preflight,
+        headlines: Vec::new(),
         cases,
         clauses: Vec::new(),
         waivers: Vec::new(),
@@ -150,6 +168,142 @@ pub async fn run_with(
     };
     finish(&mut report, &loaded.manifest.waivers);
     Ok(report)
+}
+
+/// Runs a case; a failing one once more with fresh keys. A MUST broken once
+/// stays broken: the re-run only tells the reader whether the failure is
+/// stable or intermittent, and its evidence is kept beside the first run's.
+async fn run_with_rerun(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
+    let mut result = run_case(case, ctx.clone()).await;
+    if result.verdict == Verdict::Fail {
+        let again = run_case(case, ctx).await;
+        let note = if again.verdict == Verdict::Fail {
+            "stable: failed again on an automatic re-run".to_owned()
+        } else {
+            format!(
+                "intermittent: an automatic re-run ended {} (a race the target loses sometimes)",
+                again.verdict
+            )
+        };
+        result.reason = Some(match result.reason.take() {
+            Some(r) => format!("{r}; {note}"),
+            None => note,
+        });
+        result.rerun = Some(Rerun {
+            verdict: again.verdict,
+            reason: again.reason,
+            checks: again.checks,
+            narrative: again.narrative,
+            reproduction: again.reproduction,
+        });
+    }
+    result
+}
+
+/// Checks the manifest against the target before any case: the base URL
+/// answers, each caller authenticates, each endpoint's fresh request
+/// succeeds, and the probes count its one effect (and one handler run).
+/// Returns what it verified, or one sentence saying what failed and what to
+/// fix.
+pub async fn preflight(ctx: &Ctx) -> Result<Vec<String>, String> {
+    let m = &ctx.manifest;
+    let base = &m.target.base_url;
+    let mut done = Vec::new();
+    let get = crate::http::Request {
+        method: "GET".into(),
+        url: base.clone(),
+        headers: Vec::new(),
+        body: None,
+        state_changing: false,
+    };
+    match ctx.client.send(&get).await {
+        Ok(r) => done.push(format!("{base} answers ({})", r.status)),
+        Err(f) => {
+            return Err(format!(
+                "the target does not answer at target.base_url {base} ({f}): start it, or correct target.base_url"
+            ));
+        }
+    }
+    // Every caller on the first endpoint, then the first caller on every
+    // other endpoint (with that endpoint's own probe).
+    let mut plan: Vec<(usize, usize)> = (0..m.callers.len()).map(|c| (c, 0)).collect();
+    plan.extend((1..m.endpoints.len()).map(|e| (0, e)));
+    for (caller, e) in plan {
+        let mut focused = m.clone();
+        let endpoint = focused.endpoints.remove(e);
+        focused.endpoints.insert(0, endpoint);
+        if let Some(p) = focused.endpoints[0].probe.clone() {
+            focused.probe = p;
+        }
+        let view = ctx.view(focused);
+        let name = view.name(caller).to_owned();
+        let ep = view.endpoint().clone();
+        let key = view.key();
+        let marker = view.marker();
+        let body = view.body(caller, &marker);
+        let req = view.op(caller, Some(&key), &marker, &body);
+        let what = format!("{} {} as caller {name:?}", ep.method, ep.path);
+        let r = match view.client.send(&req).await {
+            Ok(r) => r,
+            Err(f) => {
+                return Err(format!(
+                    "a fresh request {what} got no answer ({f}): check that the endpoint exists and limits.request_timeout_ms"
+                ));
+            }
+        };
+        if r.status == 401 || r.status == 403 {
+            return Err(format!(
+                "caller {name:?} is not authenticated: a fresh request {what} was answered {}; correct callers[{caller}].headers",
+                r.status
+            ));
+        }
+        if !(200..300).contains(&r.status) {
+            return Err(format!(
+                "a fresh request {what} with a new key was answered {} {}; correct endpoint {:?}'s body template, path or the caller's vars so that it succeeds",
+                r.status,
+                crate::cases::preview(&r.body),
+                ep.name
+            ));
+        }
+        match view.effects_settled(caller, &marker, &[&r], 1).await {
+            Ok(1) => {}
+            Ok(n) => {
+                return Err(format!(
+                    "the effect probe counted {n} effects for one successful request {what} (marker {marker:?}); correct the probe (url, pointers, match_on) so it counts exactly that request's effect"
+                ));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "the effect probe could not count the effect of a fresh request {what}: {e}; correct the probe"
+                ));
+            }
+        }
+        if let Some(n) = view.executions(&marker).await {
+            match n {
+                Ok(1) => {}
+                Ok(n) => {
+                    return Err(format!(
+                        "hooks.execution_probe counted {n} handler runs for one request {what} (marker {marker:?}); correct it so it counts that request's one run"
+                    ));
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "hooks.execution_probe could not count a fresh request {what}: {e}; correct it"
+                    ));
+                }
+            }
+        }
+        done.push(format!(
+            "{what}: {} and the probe{} counted it once",
+            r.status,
+            if view.manifest.hooks.execution_probe.is_some() {
+                "s"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(done)
 }
 
 /// Runs one case (or reports why it cannot run).
@@ -187,6 +341,7 @@ pub async fn run_case(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
         reproduction: rec.reproduction,
         waived: None,
         duration_ms: started.elapsed().as_millis() as u64,
+        rerun: None,
     }
 }
 
@@ -199,12 +354,18 @@ fn empty_summary() -> Summary {
         error: 0,
         fail: 0,
         must_clauses_failed: Vec::new(),
+        unsafe_clauses: Vec::new(),
+        semantics_clauses: Vec::new(),
+        interop_clauses: Vec::new(),
+        clause_verdicts: ClauseCounts::default(),
         stale_waivers: 0,
-        exit_code: EXIT_PASS,
+        result: Outcome::Conforms,
+        exit_code: Outcome::Conforms.exit_code(),
     }
 }
 
-/// Applies waivers and computes the clause matrix and summary.
+/// Applies waivers and computes the clause matrix, the headlines and the
+/// summary: the numbers every renderer prints.
 pub fn finish(report: &mut Report, waivers: &[idem_spec::manifest::Waiver]) {
     report.waivers = crate::waivers::apply(waivers, &mut report.cases);
     report.clauses = clause_matrix(&report.cases);
@@ -219,6 +380,22 @@ pub fn finish(report: &mut Report, waivers: &[idem_spec::manifest::Waiver]) {
             Verdict::Fail => s.fail += 1,
         }
     }
+    for c in &report.clauses {
+        match c.verdict {
+            Some(Verdict::Pass) => s.clause_verdicts.pass += 1,
+            Some(Verdict::Fail) => s.clause_verdicts.fail += 1,
+            Some(Verdict::NonStrict) => s.clause_verdicts.non_strict += 1,
+            // Checks are pass, fail or non-strict; anything else would be a
+            // kit defect, shown as unchecked rather than invented.
+            Some(_) | None => s.clause_verdicts.unchecked += 1,
+        }
+        match c.failed_class {
+            Some(Class::Safety) => s.unsafe_clauses.push(c.id.clone()),
+            Some(Class::Semantics) => s.semantics_clauses.push(c.id.clone()),
+            Some(Class::Interop) => s.interop_clauses.push(c.id.clone()),
+            None => {}
+        }
+    }
     let mut failed: Vec<String> = report
         .cases
         .iter()
@@ -230,67 +407,108 @@ pub fn finish(report: &mut Report, waivers: &[idem_spec::manifest::Waiver]) {
     failed.sort();
     failed.dedup();
     s.must_clauses_failed = failed;
+    report.headlines = headlines(&report.cases);
     s.stale_waivers = report.waivers.iter().filter(|w| w.stale.is_some()).count() as u32;
     let harness = report
         .cases
         .iter()
         .any(|c| c.waived.is_none() && c.verdict == Verdict::Error);
-    s.exit_code = if !s.must_clauses_failed.is_empty() {
-        EXIT_FAIL
+    s.result = if !s.unsafe_clauses.is_empty() {
+        Outcome::Unsafe
     } else if harness {
-        EXIT_HARNESS
+        Outcome::HarnessError
+    } else if !s.must_clauses_failed.is_empty() {
+        Outcome::Deviates
     } else {
-        EXIT_PASS
+        Outcome::Conforms
     };
+    s.exit_code = s.result.exit_code();
     report.summary = s;
 }
 
-/// One row per server clause: the worst verdict of the checks citing it.
-pub fn clause_matrix(cases: &[CaseReport]) -> Vec<ClauseReport> {
-    // clause -> (citing cases, worst check verdict, the cases' verdicts)
-    type Row = (Vec<String>, Option<Verdict>, Vec<Verdict>);
-    let mut by_clause: BTreeMap<&str, Row> = BTreeMap::new();
-    for c in cases {
-        for id in &c.clauses {
-            let e = by_clause.entry(id.as_str()).or_default();
-            e.0.push(c.id.clone());
-            e.2.push(c.verdict);
-        }
-        for k in &c.checks {
-            let e = by_clause.entry(k.clause.as_str()).or_default();
-            if !e.0.contains(&c.id) {
-                e.0.push(c.id.clone());
+/// One line per (case, clause) with an unwaived failing safety check: the
+/// check's headline (the number that proves it), else what was observed.
+pub fn headlines(cases: &[CaseReport]) -> Vec<Headline> {
+    let mut out: Vec<Headline> = Vec::new();
+    for c in cases.iter().filter(|c| c.waived.is_none()) {
+        for k in c
+            .checks
+            .iter()
+            .filter(|k| k.verdict == Verdict::Fail && k.class == Class::Safety)
+        {
+            if out.iter().any(|h| h.case == c.id && h.clause == k.clause) {
+                continue;
             }
-            e.1 = Some(e.1.map_or(k.verdict, |v| v.max(k.verdict)));
+            out.push(Headline {
+                clause: k.clause.clone(),
+                case: c.id.clone(),
+                text: k.headline.clone().unwrap_or_else(|| k.observed.clone()),
+            });
+        }
+    }
+    out
+}
+
+/// One row per server clause: the worst verdict of the checks made of it.
+/// A clause no check judged has no verdict, only the reason why.
+pub fn clause_matrix(cases: &[CaseReport]) -> Vec<ClauseReport> {
+    #[derive(Default)]
+    struct Row {
+        cases: Vec<String>,
+        verdict: Option<Verdict>,
+        failed: Option<Class>,
+        checks: u32,
+        // (case, its verdict and reason) of citing cases that made no check
+        quiet: Vec<String>,
+    }
+    let mut rows: BTreeMap<&str, Row> = BTreeMap::new();
+    for c in cases {
+        for k in &c.checks {
+            let row = rows.entry(k.clause.as_str()).or_default();
+            if !row.cases.contains(&c.id) {
+                row.cases.push(c.id.clone());
+            }
+            row.checks += 1;
+            row.verdict = Some(row.verdict.map_or(k.verdict, |v| v.max(k.verdict)));
+            if k.verdict == Verdict::Fail && c.waived.is_none() {
+                row.failed = Some(row.failed.map_or(k.class, |f| f.max(k.class)));
+            }
+        }
+        for id in &c.clauses {
+            let row = rows.entry(id.as_str()).or_default();
+            if !row.cases.contains(&c.id) {
+                row.cases.push(c.id.clone());
+            }
+            if !c.checks.iter().any(|k| &k.clause == id) {
+                row.quiet.push(match &c.reason {
+                    Some(r) => format!("{} {}: {r}", c.id, c.verdict),
+                    None => format!("{} {} without checking it", c.id, c.verdict),
+                });
+            }
         }
     }
     clauses::all()
         .iter()
         .filter(|c| c.party == Party::Server)
         .map(|cl| {
-            let (cases, checked, case_verdicts) =
-                by_clause.remove(cl.id.as_str()).unwrap_or_default();
-            let verdict = match checked {
-                Some(v) => v,
-                // Cited but never checked: as good as the cases' own
-                // verdict allows, and never "pass" on no evidence.
-                None => case_verdicts
-                    .iter()
-                    .copied()
-                    .filter(|v| *v != Verdict::Pass && *v != Verdict::NonStrict)
-                    .max()
-                    .unwrap_or(if cases.is_empty() {
-                        Verdict::Unsupported
-                    } else {
-                        Verdict::Inconclusive
-                    }),
-            };
+            let row = rows.remove(cl.id.as_str()).unwrap_or_default();
+            let unchecked = row.verdict.is_none().then(|| {
+                if row.quiet.is_empty() {
+                    "no case in this run cites it".to_owned()
+                } else {
+                    row.quiet.join("; ")
+                }
+            });
             ClauseReport {
                 id: cl.id.clone(),
                 level: cl.level,
+                class: cl.class,
                 title: cl.title.clone(),
-                verdict,
-                cases,
+                verdict: row.verdict,
+                failed_class: row.failed,
+                checks: row.checks,
+                cases: row.cases,
+                unchecked,
             }
         })
         .collect()
@@ -302,30 +520,33 @@ mod tests {
     use idem_spec::manifest::Waiver;
     use idem_spec::report::CheckReport;
 
-    fn case(id: &str, clause: &str, verdict: Verdict) -> CaseReport {
+    fn check(clause: &str, class: Class, verdict: Verdict) -> CheckReport {
+        CheckReport {
+            clause: clause.into(),
+            level: clauses::get(clause).map_or(Level::Must, |c| c.level),
+            class,
+            verdict,
+            permitted: String::new(),
+            observed: format!("observed {clause}"),
+            headline: None,
+        }
+    }
+
+    fn case(id: &str, clauses: &[&str], verdict: Verdict, checks: Vec<CheckReport>) -> CaseReport {
         CaseReport {
             id: id.into(),
             family: "f".into(),
             title: String::new(),
             tier: Level::Must,
-            clauses: vec![clause.into()],
+            clauses: clauses.iter().map(|c| c.to_string()).collect(),
             verdict,
             reason: None,
-            checks: if matches!(verdict, Verdict::Pass | Verdict::Fail) {
-                vec![CheckReport {
-                    clause: clause.into(),
-                    level: Level::Must,
-                    verdict,
-                    permitted: String::new(),
-                    observed: String::new(),
-                }]
-            } else {
-                vec![]
-            },
+            checks,
             narrative: vec![],
             reproduction: vec![],
             waived: None,
             duration_ms: 0,
+            rerun: None,
         }
     }
 
@@ -343,6 +564,8 @@ mod tests {
             duration_ms: 0,
             side_effect_requests: 0,
             requests: 0,
+            preflight: vec![],
+            headlines: vec![],
             cases,
             clauses: vec![],
             waivers: vec![],
@@ -350,56 +573,124 @@ mod tests {
         }
     }
 
-    // clause: idem.scope.caller, idem.window.expiry
+    const SCOPE: &str = "idem.scope.caller";
+    const PROFILES: &str = "idem.errors.profiles";
+
     #[test]
-    fn exit_code_follows_unwaived_must_failures_and_harness_errors() {
+    fn the_result_follows_the_worst_unwaived_class() {
+        let pass = || {
+            case(
+                "a.one",
+                &[SCOPE],
+                Verdict::Pass,
+                vec![check(SCOPE, Class::Safety, Verdict::Pass)],
+            )
+        };
+        let interop = || {
+            case(
+                "b.two",
+                &[PROFILES],
+                Verdict::Fail,
+                vec![check(PROFILES, Class::Interop, Verdict::Fail)],
+            )
+        };
+        let mut r = report(vec![pass(), interop()]);
+        finish(&mut r, &[]);
+        assert_eq!(r.summary.result, Outcome::Deviates);
+        assert_eq!(r.summary.exit_code, 3);
+        assert_eq!(r.summary.interop_clauses, [PROFILES]);
+        assert!(r.headlines.is_empty(), "interop is not a headline");
+
+        // A safety failure beats everything, a harness error included.
+        let unsafe_case = case(
+            "c.three",
+            &[SCOPE],
+            Verdict::Fail,
+            vec![CheckReport {
+                headline: Some("bob got alice's response".into()),
+                ..check(SCOPE, Class::Safety, Verdict::Fail)
+            }],
+        );
+        let errored = case("d.four", &[SCOPE], Verdict::Error, vec![]);
         let mut r = report(vec![
-            case("a.one", "idem.scope.caller", Verdict::Pass),
-            case("b.two", "idem.window.expiry", Verdict::Fail),
+            pass(),
+            interop(),
+            unsafe_case.clone(),
+            errored.clone(),
         ]);
         finish(&mut r, &[]);
-        assert_eq!(r.summary.exit_code, EXIT_FAIL);
-        assert_eq!(r.summary.must_clauses_failed, vec!["idem.window.expiry"]);
+        assert_eq!(r.summary.result, Outcome::Unsafe);
+        assert_eq!(r.summary.exit_code, 1);
+        assert_eq!(r.summary.unsafe_clauses, [SCOPE]);
+        assert_eq!(r.headlines.len(), 1);
+        assert_eq!(r.headlines[0].text, "bob got alice's response");
 
-        let mut r = report(vec![
-            case("a.one", "idem.scope.caller", Verdict::Pass),
-            case("b.two", "idem.window.expiry", Verdict::Fail),
-        ]);
+        // A milder check of a safety clause does not make the run unsafe.
+        let milder = case(
+            "e.five",
+            &[SCOPE],
+            Verdict::Fail,
+            vec![check(SCOPE, Class::Semantics, Verdict::Fail)],
+        );
+        let mut r = report(vec![milder]);
+        finish(&mut r, &[]);
+        assert_eq!(r.summary.result, Outcome::Deviates);
+        assert_eq!(r.summary.semantics_clauses, [SCOPE]);
+
+        // Waived, the safety failure is shown but does not decide.
+        let mut r = report(vec![unsafe_case, errored]);
         let w = Waiver {
-            case: "b.*".into(),
-            reason: "clock frozen in sandbox".into(),
+            case: "c.*".into(),
+            reason: "known, fix scheduled".into(),
             link: None,
         };
         finish(&mut r, &[w]);
-        assert_eq!(
-            r.summary.exit_code, EXIT_PASS,
-            "a waived failure does not fail the run"
-        );
-        assert_eq!(r.summary.fail, 1, "but it is still counted and shown");
-        assert_eq!(r.waivers[0].stale, None);
-
-        let mut r = report(vec![case("a.one", "idem.scope.caller", Verdict::Error)]);
-        finish(&mut r, &[]);
-        assert_eq!(r.summary.exit_code, EXIT_HARNESS);
+        assert_eq!(r.summary.result, Outcome::HarnessError);
+        assert_eq!(r.summary.exit_code, 2);
+        assert_eq!(r.summary.fail, 1, "still counted and shown");
     }
 
-    // clause: idem.scope.caller
     #[test]
-    fn a_clause_is_never_passed_without_a_passing_check() {
+    fn a_clause_verdict_exists_only_if_a_check_produced_it() {
         let matrix = clause_matrix(&[
-            case("a.one", "idem.scope.caller", Verdict::Unsupported),
-            case("b.two", "idem.window.expiry", Verdict::Inconclusive),
-            case("c.three", "idem.replay.marker", Verdict::Pass),
+            // Cited and failed, but by a check of another clause.
+            case(
+                "a.one",
+                &["idem.window.replay", SCOPE],
+                Verdict::Fail,
+                vec![check(SCOPE, Class::Safety, Verdict::Fail)],
+            ),
+            case(
+                "b.two",
+                &["idem.window.expiry"],
+                Verdict::Unsupported,
+                vec![],
+            ),
+            case(
+                "c.three",
+                &["idem.replay.marker"],
+                Verdict::Pass,
+                vec![check("idem.replay.marker", Class::Interop, Verdict::Pass)],
+            ),
         ]);
-        let get = |id: &str| matrix.iter().find(|c| c.id == id).map(|c| c.verdict);
-        assert_eq!(get("idem.scope.caller"), Some(Verdict::Unsupported));
-        assert_eq!(get("idem.window.expiry"), Some(Verdict::Inconclusive));
-        assert_eq!(get("idem.replay.marker"), Some(Verdict::Pass));
+        let get = |id: &str| matrix.iter().find(|c| c.id == id).expect(id);
+        assert_eq!(get(SCOPE).verdict, Some(Verdict::Fail));
+        assert_eq!(get(SCOPE).failed_class, Some(Class::Safety));
         assert_eq!(
-            get("idem.lease.fencing"),
-            Some(Verdict::Unsupported),
-            "no case ran it"
+            get("idem.window.replay").verdict,
+            None,
+            "no FAIL without a check behind it"
         );
+        assert!(
+            get("idem.window.replay")
+                .unchecked
+                .as_deref()
+                .is_some_and(|u| u.contains("a.one fail"))
+        );
+        assert_eq!(get("idem.window.expiry").verdict, None);
+        assert_eq!(get("idem.replay.marker").verdict, Some(Verdict::Pass));
+        assert_eq!(get("idem.replay.marker").checks, 1);
+        assert_eq!(get("idem.lease.fencing").verdict, None, "no case ran it");
         assert!(
             matrix
                 .iter()

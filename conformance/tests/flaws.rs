@@ -6,42 +6,62 @@
 
 mod support;
 
-use idem_spec::report::Verdict;
+use idem_spec::clauses::Class;
+use idem_spec::report::{Outcome, Verdict};
 
-/// Flaw → (the case that must FAIL, the MUST clause it must report failed).
-/// Other cases may fail too (a flaw rarely breaks one thing only); these
-/// are the ones that name what the flaw breaks.
-const FLAWS: &[(&str, &str, &str)] = &[
+/// Flaw → (the case that must FAIL, the MUST clause it must report failed,
+/// the class of that failure, the run's result). Other cases may fail too
+/// (a flaw rarely breaks one thing only); these are the ones that name what
+/// the flaw breaks.
+const FLAWS: &[(&str, &str, &str, Class, Outcome)] = &[
     (
         "check-then-insert",
         "concurrency.gate",
         "idem.concurrency.single-effect",
+        Class::Safety,
+        Outcome::Unsafe,
     ),
     (
         "no-fingerprint-check",
         "mismatch.body",
         "idem.fingerprint.mismatch",
+        Class::Safety,
+        Outcome::Unsafe,
     ),
-    ("global-keys", "scope.other-caller", "idem.scope.caller"),
+    (
+        "global-keys",
+        "scope.other-caller",
+        "idem.scope.caller",
+        Class::Safety,
+        Outcome::Unsafe,
+    ),
     (
         "no-in-flight-state",
         "inflight.conflict",
         "idem.inflight.conflict",
+        Class::Safety,
+        Outcome::Unsafe,
     ),
     (
         "store-5xx",
         "failure.5xx-not-stored",
         "idem.failure.5xx-not-stored",
+        Class::Safety,
+        Outcome::Unsafe,
     ),
     (
         "replay-drops-headers",
         "replay.verbatim",
         "idem.replay.marker",
+        Class::Interop,
+        Outcome::Deviates,
     ),
     (
         "keys-expire-early",
         "windows.replay-within",
         "idem.window.replay",
+        Class::Semantics,
+        Outcome::Deviates,
     ),
 ];
 
@@ -53,26 +73,32 @@ async fn every_flaw_fails_on_the_clause_it_breaks() {
     };
     let mut missed = Vec::new();
     let mut table = Vec::new();
-    for (flaw, case, clause) in FLAWS {
+    for (flaw, case, clause, class, outcome) in FLAWS {
         let (stack, loaded) = support::start(&bin, &["--flaw", flaw]).await;
         let r = support::run(&stack, &loaded, 11).await;
         let c = r.cases.iter().find(|c| c.id == *case).expect("case exists");
         let clause_failed = c
             .checks
             .iter()
-            .any(|k| k.clause == *clause && k.verdict == Verdict::Fail);
+            .any(|k| k.clause == *clause && k.verdict == Verdict::Fail && k.class == *class);
+        let outcome = *outcome;
         table.push(format!(
-            "{flaw}: {case} {} ; MUST clauses failed: {}",
+            "{flaw}: {case} {} ; {} ; unsafe: {} ; semantics: {} ; interop: {}",
             c.verdict,
-            r.summary.must_clauses_failed.join(", ")
+            r.summary.result.as_str(),
+            r.summary.unsafe_clauses.join(", "),
+            r.summary.semantics_clauses.join(", "),
+            r.summary.interop_clauses.join(", ")
         ));
         if c.verdict != Verdict::Fail
             || !clause_failed
             || !r.summary.must_clauses_failed.iter().any(|f| f == clause)
-            || r.summary.exit_code != 1
+            || r.summary.result != outcome
+            || r.summary.exit_code != outcome.exit_code()
         {
             missed.push(format!(
-                "{flaw}: expected {case} to FAIL on {clause}\n{}",
+                "{flaw}: expected {case} to FAIL on {clause} ({class}), the run {}\n{}",
+                outcome.as_str(),
                 support::show(&r)
             ));
         }

@@ -47,6 +47,13 @@ async fn reference_server_conforms_across_seeds() {
             assert_eq!(c.verdict, Verdict::Pass, "{id}\n{}", support::show(&r));
         }
         assert!(r.summary.pass >= 26, "{}", support::show(&r));
+        for c in &r.cases {
+            assert!(
+                !c.reproduction.is_empty(),
+                "{}: every case carries a curl reproduction",
+                c.id
+            );
+        }
         assert_eq!(r.summary.unsupported, 0, "{}", support::show(&r));
         drop(stack);
     }
@@ -75,6 +82,22 @@ async fn reports_render_from_one_model() {
         console[summary..].contains("result: CONFORMS"),
         "summary comes last:\n{console}"
     );
+    // The book's tour shows these lines of a demo run: they must be what a
+    // run prints.
+    let book = std::fs::read_to_string(
+        idem_conformance::demo::workspace_root().join("book/src/conformance.md"),
+    )
+    .expect("book chapter");
+    for prefix in ["cases:", "clauses:", "result:"] {
+        let ran = console
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .expect("summary line");
+        assert!(
+            book.lines().any(|l| l == ran),
+            "book/src/conformance.md's demo output lacks the line a run prints: {ran}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -118,6 +141,7 @@ async fn a_counterexample_replays_against_a_conforming_server_as_fixed() {
         ],
         violation: Violation {
             clause: "idem.scope.caller".into(),
+            class: idem_spec::clauses::Class::Safety,
             permitted: String::new(),
             observed: String::new(),
             narrative: vec![],
@@ -127,7 +151,7 @@ async fn a_counterexample_replays_against_a_conforming_server_as_fixed() {
     let code = idem_conformance::commands::replay_loaded(&cx, &loaded)
         .await
         .expect("replay");
-    assert_eq!(code, idem_conformance::EXIT_PASS);
+    assert_eq!(code, idem_conformance::EXIT_CONFORMS);
 }
 
 // clause: idem.errors.profiles, idem.fingerprint.mismatch

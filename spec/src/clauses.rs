@@ -7,11 +7,27 @@
 //! commits it to `spec/generated/clauses.json`, and [`all`] serves that
 //! committed list to the rest of the workspace.
 //!
+//! Every clause also carries a [`Class`]: the worst thing that can happen to
+//! a caller when a server breaks it (a second effect, a wrong answer, a
+//! different spelling). The classes live in [`CLASSES`], a table in this
+//! crate, rather than in the book's labels. The reasons: the class is the
+//! conformance kit's judgement of consequence, used to tell an unsafe API
+//! from one that merely spells things differently, so it belongs with the
+//! types the kit's verdicts are made of; the `r[idem.area.rule]` label
+//! syntax stays the Rust Reference's, which other tools read as it is; and
+//! the check is just as strict either way, since a clause the table does
+//! not classify fails generation ([`Error::ClauseNoClass`]) with a message
+//! naming this file. The book shows the class next to every clause (the
+//! preprocessor renders it) and in the clause index.
+//!
 //! Code cites a clause with a plain marker, `clause: idem.area.rule` (usually
 //! in a `//` comment above a test; several IDs separated by commas). The
-//! citation scanner ([`find_citations`]) reads those markers, and also every
-//! string literal that looks like a clause ID, so a typo in a conformance
-//! case's clause list is caught as well.
+//! citation scanner ([`find_citations`]) reads those markers, the clause
+//! lists of conformance cases (`id: "family.name"` followed by
+//! `clauses: &[...]`), and every other string literal that looks like a
+//! clause ID, so a typo in a check is caught as well. Only markers count as
+//! tests and only case lists as kit cases ([`CitationKind`]): an ID used as
+//! data (a check's clause, a table in a test) is validated but not counted.
 
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
@@ -59,6 +75,168 @@ impl Level {
     }
 }
 
+/// What breaking a clause can cost a caller, worst first when compared
+/// (`Safety > Semantics > Interop`).
+///
+/// A clause's class is the worst consequence breaking it can have. A check
+/// of the conformance kit that observed a milder consequence of breaking
+/// the same clause (a mismatched request executed as a new one rather than
+/// answered with the stored response) records that milder class, never a
+/// worse one.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+    utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    /// Spelling: status codes, error codes, problem+json, the replay marker,
+    /// key grammar details, published documents. A client written for the
+    /// contract may misread the answer, but nothing happens twice and
+    /// nothing leaks.
+    Interop,
+    /// Behaviour a client relies on without money or data at stake: in-flight
+    /// detection, mismatches rejected at all, the replay window, the failure
+    /// policy, replays that are not the stored response.
+    Semantics,
+    /// A second effect, a response leaked across callers, a request answered
+    /// with another request's outcome, a stored and replayed 5xx, a final
+    /// outcome or a lost response executed again.
+    Safety,
+}
+
+impl Class {
+    /// Every class, worst first.
+    pub const ALL: [Class; 3] = [Self::Safety, Self::Semantics, Self::Interop];
+
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Safety => "safety",
+            Self::Semantics => "semantics",
+            Self::Interop => "interop",
+        }
+    }
+}
+
+impl std::fmt::Display for Class {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The class of every clause. A clause the book labels and this table does
+/// not list fails generation; an entry naming no clause of the book fails
+/// it too ([`check_class_table`]).
+pub const CLASSES: &[(&str, Class)] = {
+    use Class::{Interop, Safety, Semantics};
+    &[
+        // Keys: where the key is read and how it is spelled.
+        ("idem.key.header", Interop),
+        ("idem.key.syntax", Interop),
+        ("idem.key.invalid", Interop),
+        // A key-required endpoint that executes a keyless request lets a
+        // non-retryable request through: behaviour, not spelling.
+        ("idem.key.required", Semantics),
+        ("idem.key.endpoints-published", Interop),
+        ("idem.client.key-derivation", Safety),
+        ("idem.client.same-key", Safety),
+        ("idem.client.key-per-operation", Safety),
+        // Scope: one caller's response reaching another.
+        ("idem.scope.caller", Safety),
+        // Fingerprints: what counts as the same request (semantics); what
+        // happens to a mismatched one (answered with the stored outcome:
+        // safety).
+        ("idem.fingerprint.inputs", Semantics),
+        ("idem.fingerprint.canonical-json", Semantics),
+        ("idem.fingerprint.mismatch", Safety),
+        // Windows.
+        ("idem.window.replay", Semantics),
+        ("idem.window.retention", Semantics),
+        ("idem.window.expiry", Semantics),
+        // Replacing a request that committed progress executes it again.
+        ("idem.window.progress", Safety),
+        ("idem.window.published", Interop),
+        // State and claim.
+        ("idem.state.three-states", Semantics),
+        ("idem.claim.atomic", Safety),
+        ("idem.claim.transactional", Safety),
+        ("idem.store.fail-closed", Semantics),
+        // In flight: a duplicate executed while the original runs.
+        ("idem.inflight.conflict", Safety),
+        ("idem.inflight.retry-after", Interop),
+        ("idem.inflight.prefer-wait", Semantics),
+        ("idem.concurrency.single-effect", Safety),
+        // Replays.
+        ("idem.replay.verbatim", Semantics),
+        ("idem.replay.marker", Interop),
+        ("idem.replay.no-reexecution", Safety),
+        // Errors: spellings.
+        ("idem.errors.problem-json", Interop),
+        ("idem.errors.distinct", Interop),
+        ("idem.errors.type-uri", Interop),
+        ("idem.errors.profiles", Interop),
+        // Failure policy: a final outcome executed again is a second effect.
+        ("idem.failure.final-outcomes", Safety),
+        ("idem.failure.5xx-not-stored", Safety),
+        ("idem.failure.unclaimed", Semantics),
+        ("idem.failure.before-claim", Semantics),
+        // Clients.
+        ("idem.client.no-key-no-retry", Safety),
+        ("idem.client.auto-key", Safety),
+        ("idem.client.allowlist", Semantics),
+        ("idem.client.500-with-key", Safety),
+        ("idem.client.backoff-jitter", Semantics),
+        ("idem.client.decorrelated-jitter", Semantics),
+        ("idem.client.no-unjittered-backoff", Semantics),
+        ("idem.client.retry-after", Semantics),
+        ("idem.client.deadline", Semantics),
+        ("idem.client.max-attempts", Semantics),
+        ("idem.client.budget", Semantics),
+        ("idem.client.observability", Interop),
+        // Multi-step requests: a repeated phase or foreign call is a
+        // second effect.
+        ("idem.multistep.phases", Safety),
+        ("idem.multistep.resume", Safety),
+        ("idem.multistep.foreign-key", Safety),
+        ("idem.lease.takeover", Semantics),
+        ("idem.lease.fencing", Safety),
+        ("idem.lease.heartbeat", Semantics),
+        ("idem.completer.drives", Semantics),
+        ("idem.reaper.retention", Semantics),
+        ("idem.multistep.staged-jobs", Safety),
+    ]
+};
+
+/// The class [`CLASSES`] gives `id`.
+pub fn class_of(id: &str) -> Option<Class> {
+    CLASSES.iter().find(|(c, _)| *c == id).map(|(_, k)| *k)
+}
+
+/// Checks [`CLASSES`] against the whole book's clauses: every entry names
+/// a clause, none twice. (A clause without an entry already fails
+/// [`parse_book`].)
+pub fn check_class_table(clauses: &[Clause]) -> Result<(), Error> {
+    let mut seen = std::collections::BTreeSet::new();
+    for (id, _) in CLASSES {
+        if !seen.insert(*id) || !clauses.iter().any(|c| c.id == *id) {
+            return Err(Error::ClassStale {
+                id: (*id).to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Who a clause binds. Derived from the ID: `idem.client.*` binds clients;
 /// everything else binds servers (and is what the conformance kit checks).
 #[derive(
@@ -81,6 +259,8 @@ pub struct Clause {
     pub level: Level,
     /// Whom the clause binds.
     pub party: Party,
+    /// The worst consequence of breaking it ([`CLASSES`]).
+    pub class: Class,
     /// The first sentence of the paragraph, Markdown stripped.
     pub title: String,
     /// The whole paragraph, Markdown stripped, on one line.
@@ -124,10 +304,14 @@ pub fn is_valid_id(id: &str) -> bool {
 }
 
 /// Derives the clause list from book pages, given as `(path relative to
-/// src/, Markdown)` in book order. Fails on malformed or duplicated labels
-/// and on clauses that state no level.
+/// src/, Markdown)` in book order. Fails on malformed or duplicated labels,
+/// on clauses that state no level, and on clauses [`CLASSES`] does not
+/// classify.
 pub fn parse_book(pages: &[(String, String)]) -> Result<Vec<Clause>, Error> {
     let mut out = Vec::new();
+    // (id, file, line) of each label, for the class lookup after the
+    // syntax checks: a syntax error is reported before a missing class.
+    let mut places: Vec<(String, usize)> = Vec::new();
     let mut seen: BTreeMap<String, String> = BTreeMap::new();
     for (file, text) in pages {
         let lines: Vec<&str> = text.lines().collect();
@@ -185,6 +369,7 @@ pub fn parse_book(pages: &[(String, String)]) -> Result<Vec<Clause>, Error> {
                 });
             };
             let page = file.trim_end_matches(".md").to_owned() + ".html";
+            places.push((file.clone(), i + 1));
             out.push(Clause {
                 id: id.to_owned(),
                 level,
@@ -193,11 +378,20 @@ pub fn parse_book(pages: &[(String, String)]) -> Result<Vec<Clause>, Error> {
                 } else {
                     Party::Server
                 },
+                // Filled in below, once every label parsed.
+                class: Class::Interop,
                 title: first_sentence(&text),
                 text,
                 anchor: format!("{page}#{}", anchor_id(id)),
             });
         }
+    }
+    for (clause, (file, line)) in out.iter_mut().zip(places) {
+        clause.class = class_of(&clause.id).ok_or_else(|| Error::ClauseNoClass {
+            id: clause.id.clone(),
+            file,
+            line,
+        })?;
     }
     Ok(out)
 }
@@ -256,6 +450,21 @@ fn strip_markdown(s: &str) -> String {
     out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// What a citation is, which decides what the book counts it as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CitationKind {
+    /// A `clause:` marker above a test (or a test body a test macro runs):
+    /// the author's claim that the test checks the clause. Counted as a test.
+    Test,
+    /// A conformance case's clause list (`id: "family.name"`, then
+    /// `clauses: &[...]`). Counted as a kit case.
+    Case,
+    /// Any other string literal shaped like a clause ID: data (a check's
+    /// clause, a table in a test). Validated, never counted.
+    Literal,
+}
+
 /// One place in code that cites a clause.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Citation {
@@ -263,16 +472,22 @@ pub struct Citation {
     pub id: String,
     /// `path:line` of the citation.
     pub location: String,
-    /// The test or case the citation belongs to: the next `fn` name after a
-    /// `clause:` marker, or empty for string literals.
+    /// The test a marker belongs to (the next `fn` name after it), the case
+    /// ID of a case's clause list, or empty for other literals.
     pub item: String,
+    /// What the citation is.
+    pub kind: CitationKind,
 }
 
 /// Finds every clause citation in one source file: `clause:` markers (IDs
-/// separated by commas or spaces) and string literals shaped like clause IDs.
+/// separated by commas or spaces), conformance case clause lists, and other
+/// string literals shaped like clause IDs.
 pub fn find_citations(path: &str, source: &str) -> Vec<Citation> {
     let lines: Vec<&str> = source.lines().collect();
     let mut out = Vec::new();
+    // The case whose `clauses: &[` list is open, and the last case ID seen.
+    let mut case_id: Option<String> = None;
+    let mut in_case_list = false;
     for (i, line) in lines.iter().enumerate() {
         let location = format!("{path}:{}", i + 1);
         if let Some(pos) = line.find("clause:") {
@@ -288,17 +503,44 @@ pub fn find_citations(path: &str, source: &str) -> Vec<Citation> {
                     id: id.to_owned(),
                     location: location.clone(),
                     item: item.clone(),
+                    kind: CitationKind::Test,
                 });
             }
+            continue;
         }
-        for lit in line.split('"').skip(1).step_by(2) {
+        let t = line.trim_start();
+        if let Some(rest) = t.strip_prefix("id: \"") {
+            case_id = rest
+                .split('"')
+                .next()
+                .filter(|id| id.contains('.') && !id.starts_with("idem."))
+                .map(str::to_owned);
+        }
+        // The literals of a case's list, from `clauses: &[` to its `]`.
+        let mut scan = *line;
+        if case_id.is_some()
+            && let Some(pos) = line.find("clauses: &[")
+        {
+            in_case_list = true;
+            scan = &line[pos..];
+        }
+        for lit in scan.split('"').skip(1).step_by(2) {
             if lit.starts_with("idem.") && lit.matches('.').count() >= 2 && !lit.contains(' ') {
+                let (kind, item) = match (&case_id, in_case_list) {
+                    (Some(c), true) => (CitationKind::Case, c.clone()),
+                    _ => (CitationKind::Literal, String::new()),
+                };
                 out.push(Citation {
                     id: lit.to_owned(),
                     location: location.clone(),
-                    item: String::new(),
+                    item,
+                    kind,
                 });
             }
+        }
+        if in_case_list && line.contains(']') {
+            in_case_list = false;
+            case_id = None;
         }
     }
     out
@@ -372,6 +614,24 @@ mod tests {
     }
 
     #[test]
+    fn every_clause_gets_its_class_and_unknown_ones_fail() {
+        let c = parse_book(&page("r[idem.scope.caller]\nA server MUST scope.\n")).expect("parse");
+        assert_eq!(c[0].class, Class::Safety);
+        let e = parse_book(&page("r[idem.brand.new]\nA server MUST.\n")).expect_err("no class");
+        assert!(
+            matches!(&e, Error::ClauseNoClass { id, line: 1, .. } if id == "idem.brand.new"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("spec/src/clauses.rs"), "{e}");
+        // The table may not list a clause the book lacks.
+        assert!(matches!(
+            check_class_table(&c),
+            Err(Error::ClassStale { .. })
+        ));
+        assert!(Class::Safety > Class::Semantics && Class::Semantics > Class::Interop);
+    }
+
+    #[test]
     fn labels_inside_code_fences_are_examples_not_clauses() {
         let c = parse_book(&page("```text\nr[idem.x.y]\n```\n")).expect("parse");
         assert!(c.is_empty());
@@ -394,6 +654,41 @@ mod tests {
         let ids: Vec<&str> = c.iter().map(|c| c.id.as_str()).collect();
         assert_eq!(ids, ["idem.a.b", "idem.c.d", "idem.e.f"]);
         assert_eq!(c[0].item, "replays");
+        assert_eq!(c[0].kind, CitationKind::Test);
         assert_eq!(c[2].location, "x.rs:4");
+        assert_eq!(c[2].kind, CitationKind::Literal, "data, not a test");
+    }
+
+    #[test]
+    fn case_clause_lists_are_cases_and_checks_are_data() {
+        let src = r#"
+        Case {
+            id: "replay.verbatim",
+            title: "t",
+            clauses: &[
+                "idem.a.b",
+                "idem.c.d",
+            ],
+            needs: &[],
+        },
+        Case {
+            id: "keys.one", clauses: &["idem.e.f"],
+        },
+        fn run() { rec.check("idem.a.b", true, "", ""); }
+        "#;
+        let c = find_citations("cases.rs", src);
+        let got: Vec<(&str, CitationKind, &str)> = c
+            .iter()
+            .map(|c| (c.id.as_str(), c.kind, c.item.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("idem.a.b", CitationKind::Case, "replay.verbatim"),
+                ("idem.c.d", CitationKind::Case, "replay.verbatim"),
+                ("idem.e.f", CitationKind::Case, "keys.one"),
+                ("idem.a.b", CitationKind::Literal, ""),
+            ]
+        );
     }
 }

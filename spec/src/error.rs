@@ -107,6 +107,26 @@ pub enum Error {
         /// One-based line number of the label.
         line: usize,
     },
+    /// A clause the class table does not classify.
+    #[error(
+        "{file}:{line}: clause {id} has no class: add it to CLASSES in spec/src/clauses.rs (safety, semantics or interop)"
+    )]
+    ClauseNoClass {
+        /// The clause ID.
+        id: String,
+        /// Book file.
+        file: String,
+        /// One-based line number of the label.
+        line: usize,
+    },
+    /// A class-table entry that names no clause of the book, or a clause twice.
+    #[error(
+        "CLASSES in spec/src/clauses.rs lists {id}, which the book does not label (or lists it twice): remove the entry"
+    )]
+    ClassStale {
+        /// The entry's clause ID.
+        id: String,
+    },
     /// A generated artifact could not be serialised.
     #[error("could not serialise generated artifact {what}: {message}")]
     Generate {

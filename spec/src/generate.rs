@@ -45,6 +45,7 @@ pub fn artifacts(book_pages: &[(String, String)]) -> Result<BTreeMap<String, Str
         pretty("vectors", &fingerprint::vectors())?,
     );
     let clauses = clauses::parse_book(book_pages)?;
+    clauses::check_class_table(&clauses)?;
     out.insert("clauses.json".to_owned(), pretty("clauses", &clauses)?);
     Ok(out)
 }

@@ -58,11 +58,16 @@ pub struct Target {
     pub openapi_url: Option<String>,
 }
 
-/// The profile a target declares: one of the published ones, optionally
-/// with per-error overrides (a custom table).
-#[derive(
-    Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
-)]
+/// The wire dialect a target declares: one of the published profiles,
+/// optionally with per-error overrides (a custom table), its replay marker
+/// and how it answers a route or method it does not serve.
+///
+/// The kit judges behaviour (was the duplicate executed? was the mismatch
+/// refused?) the same way whatever is declared here; the declaration only
+/// tells it how to recognise each answer. Where the declared spelling is
+/// not the contract's, the kit reports an `interop` finding, never a
+/// `safety` or `semantics` one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileDecl {
     /// The published profile the table starts from.
@@ -73,16 +78,59 @@ pub struct ProfileDecl {
     /// `idempotency_key_in_use`).
     #[serde(default)]
     pub errors: BTreeMap<String, WireError>,
+    /// The response header that marks a replay (with the value `true`), or
+    /// `"none"` when replays are not marked. Default: the contract's
+    /// `Idempotent-Replayed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_marker: Option<String>,
+    /// Statuses the target answers for a route or method it does not serve
+    /// (the kit sends one in `mismatch.method`). Default: 404, 405 and 501.
+    #[serde(default = "default_unsupported")]
+    pub unsupported_statuses: Vec<u16>,
 }
 
-/// How a target spells one contract error on the wire.
+impl Default for ProfileDecl {
+    fn default() -> Self {
+        Self {
+            base: Profile::default(),
+            errors: BTreeMap::new(),
+            replay_marker: None,
+            unsupported_statuses: default_unsupported(),
+        }
+    }
+}
+
+fn default_unsupported() -> Vec<u16> {
+    vec![404, 405, 501]
+}
+
+/// The `replay_marker` value that declares unmarked replays.
+pub const NO_REPLAY_MARKER: &str = "none";
+
+/// How a target spells one contract error on the wire: a status, and
+/// optionally what identifies the error in the body. Every condition given
+/// must hold; a status alone identifies the error by status only.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WireError {
     /// HTTP status.
     pub status: u16,
-    /// The `code` member of the problem document.
-    pub code: String,
+    /// The body's `code` member (a problem document's, or any JSON
+    /// object's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// A JSON pointer (RFC 6901) into the body, e.g. `/error/type`; with
+    /// `value`, the string (or number, as text) found there must equal it;
+    /// alone, something must be there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pointer: Option<String>,
+    /// The value expected at `pointer`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// A regular expression the body text must match, e.g.
+    /// `"Idempotency-Key reused"` (Rust `regex` syntax).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
 }
 
 /// One caller identity.
@@ -133,6 +181,52 @@ pub struct Endpoint {
     /// listing). Cases sent to this endpoint use it.
     #[serde(default)]
     pub probe: Option<EffectProbe>,
+    /// A body the endpoint answers with a 5xx after claiming the key,
+    /// committing nothing (e.g. a value its handler fails on). Enables
+    /// `failure.5xx-not-stored` without a failpoint hook.
+    #[serde(default)]
+    pub server_error_body: Option<serde_json::Value>,
+    /// The values `{{amount}}` draws from. Amounts in `rejected_body` and
+    /// `server_error_body` at the same place are excluded automatically.
+    #[serde(default)]
+    pub amounts: AmountRange,
+    /// Extra request headers (templates like the body's: `{{marker}}`,
+    /// `{{uuid}}`, caller vars), e.g. a reference header that carries the
+    /// marker when the body has no free-text field.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+/// The integers `{{amount}}` is drawn from: `min..=max` without `exclude`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AmountRange {
+    /// Smallest amount.
+    #[serde(default = "default_amount_min")]
+    pub min: i64,
+    /// Largest amount.
+    #[serde(default = "default_amount_max")]
+    pub max: i64,
+    /// Values never drawn (amounts the API treats specially).
+    #[serde(default)]
+    pub exclude: Vec<i64>,
+}
+
+impl Default for AmountRange {
+    fn default() -> Self {
+        Self {
+            min: default_amount_min(),
+            max: default_amount_max(),
+            exclude: Vec::new(),
+        }
+    }
+}
+
+fn default_amount_min() -> i64 {
+    1
+}
+fn default_amount_max() -> i64 {
+    50
 }
 
 fn yes() -> bool {
@@ -183,11 +277,17 @@ impl Default for DeclaredPolicy {
 
 /// How the kit observes side effects. Read-only by construction: the kit
 /// only ever sends GET to a probe.
+///
+/// Effects are matched by the run-unique marker the body carries, or by
+/// the idempotency key: a `count` URL with `{{key}}` in it, or a `list`
+/// probe with `match_on = "key"`. A key-matched probe cannot count a
+/// request sent without a key; those checks end inconclusive.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case", tag = "kind", deny_unknown_fields)]
 pub enum EffectProbe {
-    /// A URL (with `{{marker}}` substituted) whose JSON answer holds a number
-    /// at `count_pointer` (RFC 6901), or an array there whose length counts.
+    /// A URL (with `{{marker}}` or `{{key}}` substituted) whose JSON answer
+    /// holds a number at `count_pointer` (RFC 6901), or an array there whose
+    /// length counts.
     Count {
         /// Path (or absolute URL) to GET.
         url: String,
@@ -206,8 +306,12 @@ pub enum EffectProbe {
         /// JSON pointer to the array of items; empty for the whole document.
         #[serde(default)]
         items_pointer: String,
-        /// JSON pointer, inside an item, to the field holding the marker.
+        /// JSON pointer, inside an item, to the field holding the marker
+        /// (or the key, with `match_on = "key"`).
         match_pointer: String,
+        /// What the field at `match_pointer` holds.
+        #[serde(default)]
+        match_on: MatchOn,
         /// Which caller's headers the probe sends (default: the first).
         #[serde(default)]
         caller: Option<String>,
@@ -218,6 +322,19 @@ pub enum EffectProbe {
         /// JSON pointer to the id in the success body, e.g. `/id`.
         id_pointer: String,
     },
+}
+
+/// What a listing's items are matched on.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum MatchOn {
+    /// The run-unique marker the request body carried.
+    #[default]
+    Marker,
+    /// The idempotency key the request carried (unquoted).
+    Key,
 }
 
 /// Optional hooks.
@@ -243,6 +360,13 @@ pub struct Hooks {
     /// probe sends no caller headers unless it names a `caller`.
     #[serde(default)]
     pub foreign_probe: Option<EffectProbe>,
+    /// Counts handler runs (whatever their outcome) for a marker or key,
+    /// read-only. Effects alone cannot see a rejected request executed
+    /// again (its answer is byte-identical and it creates nothing); with
+    /// this probe the kit can, so a re-executed 4xx and a replayed 5xx are
+    /// told apart from correct behaviour without failpoints.
+    #[serde(default)]
+    pub execution_probe: Option<EffectProbe>,
 }
 
 /// The clock hook: `POST url` with `{"advance_secs": N}`.
@@ -322,6 +446,16 @@ pub struct Limits {
     /// How many generated operation sequences the property phase runs (0 disables it).
     #[serde(default = "default_sequences")]
     pub property_sequences: u32,
+    /// How many cases run at once. Cases that hold requests in flight,
+    /// restart the target or move its clock always run alone, after the
+    /// others.
+    #[serde(default = "default_parallel")]
+    pub parallel_cases: u32,
+    /// How long an effect count below what a check expects is read again
+    /// (every 100 ms) before it stands, for listings that lag their writes;
+    /// milliseconds, 0 for a probe that reads its own writes at once.
+    #[serde(default = "default_settle")]
+    pub probe_settle_ms: u64,
 }
 
 fn default_max_effects() -> u64 {
@@ -339,6 +473,12 @@ fn default_timeout_ms() -> u64 {
 fn default_sequences() -> u32 {
     8
 }
+fn default_parallel() -> u32 {
+    4
+}
+fn default_settle() -> u64 {
+    2_000
+}
 
 impl Default for Limits {
     fn default() -> Self {
@@ -348,6 +488,8 @@ impl Default for Limits {
             concurrency: default_concurrency(),
             request_timeout_ms: default_timeout_ms(),
             property_sequences: default_sequences(),
+            parallel_cases: default_parallel(),
+            probe_settle_ms: default_settle(),
         }
     }
 }

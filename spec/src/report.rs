@@ -6,7 +6,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::clauses::Level;
+use crate::clauses::{Class, Level};
 
 /// The verdict of one case, and of one clause for one target.
 #[derive(
@@ -69,6 +69,60 @@ impl std::fmt::Display for Verdict {
     }
 }
 
+/// The overall result of a run, and what its exit code says.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// No MUST clause failed. Exit code 0.
+    Conforms,
+    /// A MUST clause of class `safety` failed: the API can execute twice,
+    /// leak a response, or answer one request with another's outcome.
+    /// Exit code 1, whatever else happened.
+    Unsafe,
+    /// The harness could not do its job (a case errored, the budget ran
+    /// out) and no safety failure was found. Exit code 2.
+    HarnessError,
+    /// Only `semantics` or `interop` MUST clauses failed: the API behaves
+    /// safely but differs from the contract in behaviour or spelling.
+    /// Exit code 3.
+    Deviates,
+}
+
+impl Outcome {
+    /// The process exit code.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            Self::Conforms => 0,
+            Self::Unsafe => 1,
+            Self::HarnessError => 2,
+            Self::Deviates => 3,
+        }
+    }
+
+    /// The upper-case word reports lead with.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Conforms => "CONFORMS",
+            Self::Unsafe => "UNSAFE",
+            Self::HarnessError => "HARNESS ERROR",
+            Self::Deviates => "DEVIATES",
+        }
+    }
+}
+
+/// One line per unwaived safety failure, with the number that proves it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+pub struct Headline {
+    /// The clause broken.
+    pub clause: String,
+    /// The case that saw it.
+    pub case: String,
+    /// E.g. "32 concurrent requests with one key: 12 effects".
+    pub text: String,
+}
+
 /// One run of the kit against one target.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 pub struct Report {
@@ -97,7 +151,14 @@ pub struct Report {
     pub side_effect_requests: u64,
     /// Every request sent.
     pub requests: u64,
-    /// One entry per case, in run order.
+    /// What the preflight verified before any case ran.
+    #[serde(default)]
+    pub preflight: Vec<String>,
+    /// One line per unwaived safety failure, worst first; reports lead
+    /// with these.
+    #[serde(default)]
+    pub headlines: Vec<Headline>,
+    /// One entry per case, in plan order.
     pub cases: Vec<CaseReport>,
     /// One entry per server clause: the clause × verdict matrix.
     pub clauses: Vec<ClauseReport>,
@@ -136,6 +197,26 @@ pub struct CaseReport {
     pub waived: Option<String>,
     /// Wall time, milliseconds.
     pub duration_ms: u64,
+    /// The automatic re-run of a failing case, with its own evidence; its
+    /// verdict says whether the failure is stable or intermittent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun: Option<Rerun>,
+}
+
+/// The evidence of a failing case's automatic re-run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+pub struct Rerun {
+    /// The re-run's own verdict (the case keeps the first run's).
+    pub verdict: Verdict,
+    /// Why the re-run's verdict is not `pass`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The re-run's checks.
+    pub checks: Vec<CheckReport>,
+    /// The re-run's narrative.
+    pub narrative: Vec<String>,
+    /// The re-run's curl reproductions.
+    pub reproduction: Vec<String>,
 }
 
 /// One check inside a case.
@@ -145,28 +226,48 @@ pub struct CheckReport {
     pub clause: String,
     /// The clause's level.
     pub level: Level,
+    /// What this check's failure costs a caller: the clause's class, or a
+    /// milder one when the check observed a milder consequence.
+    pub class: Class,
     /// The verdict of this check.
     pub verdict: Verdict,
     /// What the contract (under the declared profile) permits.
     pub permitted: String,
     /// What the target did.
     pub observed: String,
+    /// For a failure, one line with the number that proves it, e.g. "32
+    /// concurrent requests with one key: 12 effects".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headline: Option<String>,
 }
 
-/// The verdict for one clause across every case that checks it.
+/// The verdict for one clause across every check made of it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 pub struct ClauseReport {
     /// Clause ID.
     pub id: String,
     /// Clause level.
     pub level: Level,
+    /// The clause's class.
+    pub class: Class,
     /// The clause's one-line title.
     pub title: String,
-    /// Worst verdict of the checks citing it; `unsupported` when no case
-    /// could check it on this target.
-    pub verdict: Verdict,
-    /// The cases citing the clause.
+    /// Worst verdict of the checks made of it (waived cases included);
+    /// absent when no check produced one: a clause verdict exists only if
+    /// a check produced it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<Verdict>,
+    /// The worst class among its unwaived failing (MUST) checks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_class: Option<Class>,
+    /// How many checks were made of it.
+    pub checks: u32,
+    /// The cases that cite it or checked it.
     pub cases: Vec<String>,
+    /// Why there is no verdict: what the citing cases ended as, or that no
+    /// case cites it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unchecked: Option<String>,
 }
 
 /// A waiver and its state after the run.
@@ -201,8 +302,37 @@ pub struct Summary {
     pub fail: u32,
     /// MUST clauses with a failing, unwaived check.
     pub must_clauses_failed: Vec<String>,
+    /// Of those, the clauses whose worst failing check is `safety`.
+    pub unsafe_clauses: Vec<String>,
+    /// ... `semantics`.
+    pub semantics_clauses: Vec<String>,
+    /// ... `interop`.
+    pub interop_clauses: Vec<String>,
+    /// Clauses some check produced a verdict for, per verdict: the clause
+    /// matrix's counts, which every report prints.
+    pub clause_verdicts: ClauseCounts,
     /// Waivers reported stale.
     pub stale_waivers: u32,
-    /// 0: no MUST clause failed; 1: a MUST clause failed; 2: harness error.
+    /// The overall result.
+    pub result: Outcome,
+    /// The result's exit code: 0 conforms, 1 unsafe, 2 harness error,
+    /// 3 deviates.
     pub exit_code: i32,
+}
+
+/// Server clauses per verdict. A check is pass, fail (a MUST missed) or
+/// non-strict (a SHOULD or MAY missed), so a clause is one of those or
+/// unchecked.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+pub struct ClauseCounts {
+    /// Every check of the clause held.
+    pub pass: u32,
+    /// A MUST check failed.
+    pub fail: u32,
+    /// Only SHOULD or MAY checks failed.
+    pub non_strict: u32,
+    /// No check produced a verdict.
+    pub unchecked: u32,
 }

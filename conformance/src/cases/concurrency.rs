@@ -1,12 +1,20 @@
 //! The concurrency gate: N identical requests with one key, released
 //! together at a barrier; exactly one side effect, and every other answer an
-//! in-flight 409 or an identical replay.
+//! in-flight refusal or an identical replay.
+//!
+//! The effect count is the whole safety verdict (`idem.concurrency.single-
+//! effect`): a target that executes once but refuses duplicates in its own
+//! spelling is judged on the spelling under interop clauses, never here.
+//! The gate does not blame `idem.claim.atomic` or `idem.inflight.conflict`
+//! for a double effect: from outside, a non-atomic claim and a missing
+//! in-flight state look the same, and the kit reports what it saw.
 
 use idem_spec::ErrorCode;
-use idem_spec::manifest::Manifest;
+use idem_spec::clauses::Class;
 
-use crate::case::{Case, Rec, is_error, wire_desc};
+use crate::case::{Aim, Case, Ctx, Rec, shared};
 use crate::http::{Request, Response, Sent};
+use crate::manifest::ManifestExt;
 
 /// Gate rounds per run: a race that loses once in a few tries still shows.
 pub const ROUNDS: usize = 3;
@@ -19,17 +27,20 @@ pub fn cases() -> Vec<Case> {
             title: "N identical concurrent requests (one key) execute exactly once",
             clauses: &[
                 "idem.concurrency.single-effect",
-                "idem.claim.atomic",
                 "idem.inflight.conflict",
                 "idem.inflight.retry-after",
                 "idem.replay.verbatim",
+                "idem.replay.marker",
+                "idem.errors.profiles",
             ],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |m| {
                 vec![format!(
-                    "per round of {} requests: one 2xx execution; every other answer {} (with Retry-After) or an identical replay; the probe counts one effect",
+                    "per round of {} requests: the probe counts one effect; every other answer an in-flight refusal ({} as declared, with Retry-After) or an identical replay",
                     m.limits.concurrency,
-                    wire_desc(m, ErrorCode::IdempotencyKeyInUse)
+                    m.spelled(ErrorCode::IdempotencyKeyInUse)
                 )]
             },
             run: |r| Box::pin(gate(r)),
@@ -39,6 +50,8 @@ pub fn cases() -> Vec<Case> {
             title: "two callers racing with the same key each execute exactly once",
             clauses: &["idem.scope.caller", "idem.concurrency.single-effect"],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |_| {
                 vec!["one effect per caller; no caller sees the other's response".into()]
             },
@@ -47,34 +60,64 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
-/// What one gate round saw.
+/// What one gate round saw, by behaviour (spellings are counted apart).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct GateObs {
-    /// 2xx answers without the replay marker (executions, by the target's own account).
+    /// Executions by the target's own account: the first 2xx, plus every
+    /// 2xx that is neither marked as a replay nor identical to it.
     pub executed: usize,
-    /// Replays identical to the execution.
+    /// Answers identical to the first execution (replays).
     pub identical_replays: usize,
-    /// Answers identical to the execution but without the replay marker.
-    pub unmarked_replays: usize,
-    /// 409 in-use answers.
-    pub in_use: usize,
-    /// 409 in-use answers without Retry-After.
-    pub in_use_without_retry_after: usize,
-    /// Answers that are none of the above, described.
+    /// Of those, how many lacked the contract's replay marker.
+    pub replays_without_marker: usize,
+    /// 409 answers (an in-flight refusal in any spelling).
+    pub conflicts: usize,
+    /// Of those, how many are the declared in-use error.
+    pub conflicts_as_declared: usize,
+    /// Of those, how many lacked Retry-After.
+    pub conflicts_without_retry_after: usize,
+    /// Other 4xx answers (refused, in an unexpected way).
+    pub other_refusals: Vec<String>,
+    /// 429 and 503 answers: the target shed load. Refused without effect,
+    /// not an in-flight answer, so neither counted against the gate nor
+    /// judged for their spelling.
+    pub throttled: usize,
+    /// Answers that are none of the above (5xx, marked replays of a
+    /// different body), described.
     pub other: Vec<String>,
     /// Requests with no answer (timeouts, resets).
     pub no_answer: usize,
 }
 
-/// Classifies a round's answers.
-pub fn classify(m: &Manifest, sent: &[Sent]) -> GateObs {
+impl GateObs {
+    /// Refusals of every kind.
+    pub fn refused(&self) -> usize {
+        self.conflicts + self.other_refusals.len()
+    }
+
+    /// One line for reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} execution(s), {} identical replay(s), {} conflict(s) ({} as declared), {} throttled, {} other refusal(s) [{}], other [{}], {} unanswered",
+            self.executed,
+            self.identical_replays,
+            self.conflicts,
+            self.conflicts_as_declared,
+            self.throttled,
+            self.other_refusals.len(),
+            tally(&self.other_refusals),
+            tally(&self.other),
+            self.no_answer
+        )
+    }
+}
+
+/// Classifies a round's answers under the target's declared dialect.
+pub fn classify(ctx: &Ctx, sent: &[Sent]) -> GateObs {
     let mut o = GateObs::default();
     let answers: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
     o.no_answer = sent.len() - answers.len();
-    let first = answers
-        .iter()
-        .find(|r| (200..300).contains(&r.status) && !r.replayed())
-        .copied();
+    let first = answers.iter().find(|r| ctx.executed(r, None)).copied();
     if first.is_some() {
         o.executed = 1;
     }
@@ -82,21 +125,34 @@ pub fn classify(m: &Manifest, sent: &[Sent]) -> GateObs {
         if first.is_some_and(|f| std::ptr::eq(f, r)) {
             continue;
         }
-        if is_error(m, r, ErrorCode::IdempotencyKeyInUse) {
-            o.in_use += 1;
+        if first.is_some_and(|f| f.same_outcome(r)) {
+            o.identical_replays += 1;
+            if !r.replayed() {
+                o.replays_without_marker += 1;
+            }
+        } else if matches!(r.status, 429 | 503) {
+            o.throttled += 1;
+        } else if r.status == 409 {
+            o.conflicts += 1;
+            if ctx.is(r, ErrorCode::IdempotencyKeyInUse) {
+                o.conflicts_as_declared += 1;
+            }
             if r.header("retry-after").is_none() {
-                o.in_use_without_retry_after += 1;
+                o.conflicts_without_retry_after += 1;
             }
-        } else if first.is_some_and(|f| f.same_outcome(r)) {
-            // Same status and body as the execution: a replay. Without
-            // the marker it breaks idem.replay.marker, not single-effect
-            // (the probe decides how many executions there were).
-            if r.replayed() {
-                o.identical_replays += 1;
+        } else if (400..500).contains(&r.status) {
+            if ctx.is(r, ErrorCode::IdempotencyKeyInUse) {
+                // A dialect that refuses in-flight duplicates with another
+                // status, as it declares.
+                o.conflicts += 1;
+                o.conflicts_as_declared += 1;
+                if r.header("retry-after").is_none() {
+                    o.conflicts_without_retry_after += 1;
+                }
             } else {
-                o.unmarked_replays += 1;
+                o.other_refusals.push(r.summary());
             }
-        } else if (200..300).contains(&r.status) && !r.replayed() {
+        } else if ctx.executed(r, first) {
             o.executed += 1;
         } else {
             o.other.push(r.summary());
@@ -132,66 +188,42 @@ pub async fn round(rec: &mut Rec, req: &Request, n: usize, what: &str) -> Vec<Se
     // Pre-open the connections so the copies leave together.
     rec.ctx.client.warm(&rec.ctx.url("/"), n).await;
     let sent = rec.ctx.client.burst(vec![req.clone(); n]).await;
-    let mut tally = std::collections::BTreeMap::<String, usize>::new();
-    for s in &sent {
-        let k = match s {
-            Ok(r) => r.summary(),
-            Err(f) => format!("no response ({f})"),
-        };
-        *tally.entry(k).or_default() += 1;
-    }
-    let parts: Vec<String> = tally.iter().map(|(k, c)| format!("{c}× {k}")).collect();
     rec.note(format!(
         "{label_from}..{label_to}: {what}, {n} copies released together at a barrier → {}",
-        parts.join(", ")
+        tally_sent(&sent)
     ));
     sent
 }
 
+fn tally_sent(sent: &[Sent]) -> String {
+    let lines: Vec<String> = sent
+        .iter()
+        .map(|s| match s {
+            Ok(r) => r.summary(),
+            Err(f) => format!("no response ({f})"),
+        })
+        .collect();
+    tally(&lines)
+}
+
 async fn gate(rec: &mut Rec) {
     let n = rec.ctx.manifest.limits.concurrency as usize;
+    let name = rec.ctx.name(0).to_owned();
     for round_no in 1..=ROUNDS {
         let key = rec.ctx.key();
         let a = rec.alias(&key);
         let marker = rec.ctx.marker();
         let body = rec.ctx.body(0, &marker);
-        let req = rec.ctx.op(0, Some(&key), &body);
+        let req = rec.ctx.op(0, Some(&key), &marker, &body);
         let sent = round(
             rec,
             &req,
             n,
-            &format!("round {round_no}: alice, key {a}, one body"),
+            &format!("round {round_no}: {name}, key {a}, one body"),
         )
         .await;
-        let o = classify(&rec.ctx.manifest, &sent);
-        let m = rec.ctx.manifest.clone();
-        let in_use = wire_desc(&m, ErrorCode::IdempotencyKeyInUse);
+        let o = classify(&rec.ctx, &sent);
         let responses: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
-        rec.check(
-            "idem.concurrency.single-effect",
-            o.executed == 1 && o.other.is_empty(),
-            format!("one execution; the rest {in_use} or identical replays"),
-            format!(
-                "{} execution(s), {} identical replay(s) ({} without the marker), {} in-use, other (replays of a different execution, errors): [{}], {} unanswered",
-                o.executed,
-                o.identical_replays + o.unmarked_replays,
-                o.unmarked_replays,
-                o.in_use,
-                tally(&o.other),
-                o.no_answer
-            ),
-        );
-        if o.unmarked_replays > 0 {
-            rec.check(
-                "idem.replay.marker",
-                false,
-                "every replay carries Idempotent-Replayed: true",
-                format!(
-                    "{} identical answers without the marker",
-                    o.unmarked_replays
-                ),
-            );
-        }
         let Some(effects) = rec
             .check_effects(
                 "idem.concurrency.single-effect",
@@ -199,55 +231,90 @@ async fn gate(rec: &mut Rec) {
                 &marker,
                 &responses,
                 1,
-                &format!("{n} identical requests, one key"),
+                &format!("{n} concurrent requests with one key"),
             )
             .await
         else {
             return;
         };
-        if effects > 1 {
-            // Simultaneous copies that all executed: some arrived while the
-            // first was in flight, and were executed instead of refused.
+        // The other answers, by behaviour: refusals (any 4xx) and identical
+        // replays keep the contract's promise to the caller; a 5xx does
+        // not. After several executions, replays of another execution are
+        // their consequence, already judged above: not a second finding.
+        if effects <= 1 {
+            rec.check_as(
+                "idem.concurrency.single-effect",
+                Class::Semantics,
+                o.other.is_empty(),
+                "every answer but one is a refusal or an identical replay",
+                o.describe(),
+            );
+        }
+        if o.executed > 1 && effects == 1 {
+            // Distinct 2xx bodies for one effect: replays that are not the
+            // stored response.
             rec.check(
-                "idem.inflight.conflict",
+                "idem.replay.verbatim",
                 false,
-                format!("a duplicate in flight gets {in_use} and is not executed"),
-                format!("{effects} executions of one key from {n} simultaneous copies"),
+                "replays identical to the execution",
+                format!("{} 2xx answers unlike the execution", o.executed - 1),
             );
         }
-        rec.check(
-            "idem.claim.atomic",
-            effects == 1,
-            "one claim wins: one effect",
-            format!("{effects} effect(s)"),
-        );
-        let bad_409: Vec<String> = responses
-            .iter()
-            .filter(|r| r.status == 409 && !is_error(&m, r, ErrorCode::IdempotencyKeyInUse))
-            .map(|r| r.summary())
-            .collect();
-        if o.in_use + bad_409.len() > 0 {
+        if effects == 1 && o.conflicts > 0 {
+            // Positive evidence only: duplicates arrived in flight, were
+            // refused, and nothing ran twice.
             rec.check(
                 "idem.inflight.conflict",
-                bad_409.is_empty(),
-                format!("a duplicate in flight gets {in_use}"),
-                if bad_409.is_empty() {
-                    format!("{} × {in_use}", o.in_use)
-                } else {
-                    bad_409.join("; ")
-                },
+                true,
+                "duplicates that arrive in flight are refused, not executed",
+                format!("{} refused in flight; one effect", o.conflicts),
             );
         }
-        if o.in_use > 0 {
+        if o.conflicts + o.other_refusals.len() > 0 {
+            let declared = rec.ctx.spelled(ErrorCode::IdempotencyKeyInUse);
             rec.check(
-                "idem.inflight.retry-after",
-                o.in_use_without_retry_after == 0,
-                "every 409 in use carries Retry-After",
+                "idem.errors.profiles",
+                o.conflicts_as_declared == o.refused(),
+                format!("every in-flight refusal is {declared}"),
                 format!(
-                    "{} of {} without Retry-After",
-                    o.in_use_without_retry_after, o.in_use
+                    "{} of {} refusals as declared{}",
+                    o.conflicts_as_declared,
+                    o.refused(),
+                    if o.other_refusals.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; others: {}", tally(&o.other_refusals))
+                    }
                 ),
             );
+        }
+        if o.conflicts > 0 {
+            rec.check(
+                "idem.inflight.retry-after",
+                o.conflicts_without_retry_after == 0,
+                "every in-flight refusal carries Retry-After",
+                format!(
+                    "{} of {} without Retry-After",
+                    o.conflicts_without_retry_after, o.conflicts
+                ),
+            );
+        }
+        if o.identical_replays > 0 {
+            rec.check(
+                "idem.replay.marker",
+                o.replays_without_marker == 0,
+                "every replay carries Idempotent-Replayed: true",
+                format!(
+                    "{} of {} identical answers without it",
+                    o.replays_without_marker, o.identical_replays
+                ),
+            );
+        }
+        if o.throttled > 0 {
+            rec.note(format!(
+                "{} of {n} answers were 429 or 503: the target shed load, which neither counts against it nor shows its in-flight answer (a lower limits.concurrency avoids it)",
+                o.throttled
+            ));
         }
         if o.no_answer > 0 {
             rec.stop(
@@ -256,20 +323,20 @@ async fn gate(rec: &mut Rec) {
             );
             return;
         }
-        if effects != 1 || o.executed != 1 || !o.other.is_empty() {
+        if effects != 1 || !o.other.is_empty() {
             // The evidence is in; later rounds would only spend budget.
             return;
         }
         // After the burst the key is complete: a resend replays the execution.
         let Some(first) = responses
             .iter()
-            .find(|r| (200..300).contains(&r.status) && !r.replayed())
+            .find(|r| rec.ctx.executed(r, None))
             .map(|r| (*r).clone())
         else {
             return;
         };
         let Some(after) = rec
-            .send(&format!("alice resends with {a} after the burst"), &req)
+            .send(&format!("{name} resends with {a} after the burst"), &req)
             .await
         else {
             return;
@@ -282,11 +349,12 @@ async fn two_callers(rec: &mut Rec) {
     let n = (rec.ctx.manifest.limits.concurrency as usize / 2).max(2);
     let key = rec.ctx.key();
     let a = rec.alias(&key);
+    let names = [rec.ctx.name(0).to_owned(), rec.ctx.name(1).to_owned()];
     let markers = [rec.ctx.marker(), rec.ctx.marker()];
     let reqs: Vec<Request> = (0..2)
         .map(|c| {
             let body = rec.ctx.body(c, &markers[c]);
-            rec.ctx.op(c, Some(&key), &body)
+            rec.ctx.op(c, Some(&key), &markers[c], &body)
         })
         .collect();
     let mut batch = Vec::with_capacity(2 * n);
@@ -299,20 +367,28 @@ async fn two_callers(rec: &mut Rec) {
     for _ in 1..batch.len() {
         last = rec.next_label();
     }
+    for (c, req) in reqs.iter().enumerate() {
+        rec.reproduction.push(format!(
+            "# {first}..{last}: {n} copies of this request by {}, interleaved with the other caller's, sent at once\n{}",
+            names[c],
+            rec.ctx.client.curl(req)
+        ));
+    }
+    rec.ctx.client.warm(&rec.ctx.url("/"), 2 * n).await;
     let sent = rec.ctx.client.burst(batch).await;
-    let alice: Vec<&Response> = sent
-        .iter()
-        .step_by(2)
-        .filter_map(|s| s.as_ref().ok())
-        .collect();
-    let bob: Vec<&Response> = sent
-        .iter()
-        .skip(1)
-        .step_by(2)
-        .filter_map(|s| s.as_ref().ok())
-        .collect();
+    let mine = |c: usize| -> Vec<&Response> {
+        sent.iter()
+            .skip(c)
+            .step_by(2)
+            .filter_map(|s| s.as_ref().ok())
+            .collect()
+    };
+    let (alice, bob) = (mine(0), mine(1));
     rec.note(format!(
-        "{first}..{last}: alice and bob each send {n} copies of their own operation with {a}, all released together"
+        "{first}..{last}: {} and {} each send {n} copies of their own operation with {a}, all released together → {}",
+        names[0],
+        names[1],
+        tally_sent(&sent)
     ));
     if alice.len() + bob.len() < sent.len() {
         rec.stop(
@@ -320,36 +396,53 @@ async fn two_callers(rec: &mut Rec) {
             "some requests got no answer",
         );
     }
-    let m = rec.ctx.manifest.clone();
-    for (who, answers, c) in [("alice", &alice, 0usize), ("bob", &bob, 1usize)] {
+    for (c, answers) in [(0usize, &alice), (1usize, &bob)] {
         let other: &Vec<&Response> = if c == 0 { &bob } else { &alice };
-        let foreign = answers
+        let who = &names[c];
+        let leaked = answers
             .iter()
-            .filter(|r| {
-                is_error(&m, r, ErrorCode::IdempotencyKeyMismatch)
-                    || ((200..300).contains(&r.status) && other.iter().any(|o| o.same_outcome(r)))
-            })
+            .filter(|r| (200..300).contains(&r.status) && other.iter().any(|o| o.same_outcome(r)))
             .count();
         rec.check(
             "idem.scope.caller",
-            foreign == 0,
-            format!("{who}: no mismatch and no response of the other caller"),
-            format!("{foreign} answer(s) shaped by the other caller's use of the key"),
+            leaked == 0,
+            format!("{who}: never the other caller's response"),
+            format!("{leaked} answer(s) that are the other caller's response"),
+        );
+        rec.headline(format!(
+            "{who} got {leaked} response(s) of the other caller racing with the same key"
+        ));
+        let conflicts = answers
+            .iter()
+            .filter(|r| rec.ctx.is(r, ErrorCode::IdempotencyKeyMismatch))
+            .count();
+        rec.check_as(
+            "idem.scope.caller",
+            Class::Semantics,
+            conflicts == 0,
+            format!("{who}: no mismatch caused by the other caller's use of the key"),
+            format!("{conflicts} mismatch answer(s)"),
         );
         // When the other caller's use of the key shaped these answers, a
-        // wrong effect count is that scoping failure, not a race.
-        let clause = if foreign > 0 {
-            "idem.scope.caller"
+        // wrong effect count is that scoping failure (safety if a response
+        // leaked, semantics if the caller was only refused), not a race.
+        let (clause, class) = if leaked > 0 {
+            ("idem.scope.caller", Class::Safety)
+        } else if conflicts > 0 {
+            ("idem.scope.caller", Class::Semantics)
         } else {
-            "idem.concurrency.single-effect"
+            ("idem.concurrency.single-effect", Class::Safety)
         };
-        rec.check_effects(
+        rec.check_effects_as(
             clause,
+            class,
             c,
             &markers[c],
             answers,
             1,
-            &format!("{who}'s copies share one key"),
+            &format!(
+                "{n} concurrent copies of {who}'s operation, sharing a key with the other caller's"
+            ),
         )
         .await;
     }
@@ -359,6 +452,7 @@ async fn two_callers(rec: &mut Rec) {
 mod tests {
     use super::*;
     use crate::http::Failure;
+    use idem_spec::manifest::Manifest;
 
     fn r(status: u16, replayed: bool, body: &str, retry_after: bool) -> Sent {
         let mut headers = vec![];
@@ -375,33 +469,73 @@ mod tests {
         })
     }
 
+    fn ctx(m: Manifest) -> Ctx {
+        let client = crate::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
+            .expect("client");
+        Ctx::new(m, client, "run".into(), 1)
+    }
+
     fn manifest() -> Manifest {
         crate::manifest::parse(crate::manifest::TEMPLATE, "t")
             .expect("template")
             .manifest
     }
 
-    // clause: idem.concurrency.single-effect
     #[test]
     fn classify_separates_executions_replays_and_conflicts() {
-        let m = manifest();
+        let c = ctx(manifest());
         let in_use = r#"{"code":"idempotency_key_in_use"}"#;
         let sent = vec![
             r(201, false, "{\"id\":1}", false),
             r(201, true, "{\"id\":1}", false),
+            r(201, false, "{\"id\":1}", false),
             r(409, false, in_use, true),
-            r(409, false, in_use, false),
+            r(409, false, r#"{"error":"in progress"}"#, false),
+            r(422, false, r#"{"error":"busy"}"#, false),
             r(201, true, "{\"id\":2}", false),
             r(201, false, "{\"id\":3}", false),
+            r(429, false, r#"{"error":"slow down"}"#, true),
+            r(503, false, "", true),
             Err(Failure::Timeout("t".into())),
         ];
-        let o = classify(&m, &sent);
+        let o = classify(&c, &sent);
+        assert_eq!(o.throttled, 2, "shed load is neither a conflict nor odd");
         assert_eq!(o.executed, 2, "the first and the distinct 201");
-        assert_eq!(o.identical_replays, 1);
-        assert_eq!(o.unmarked_replays, 0);
-        assert_eq!(o.in_use, 2);
-        assert_eq!(o.in_use_without_retry_after, 1);
-        assert_eq!(o.other.len(), 1, "a replay of something else is neither");
+        assert_eq!(o.identical_replays, 2);
+        assert_eq!(o.replays_without_marker, 1);
+        assert_eq!(o.conflicts, 2, "a 409 in any spelling is a conflict");
+        assert_eq!(o.conflicts_as_declared, 1);
+        assert_eq!(o.conflicts_without_retry_after, 1);
+        assert_eq!(o.other_refusals.len(), 1);
+        assert_eq!(o.other.len(), 1, "a marked replay of something else");
         assert_eq!(o.no_answer, 1);
+    }
+
+    #[test]
+    fn a_dialect_without_marker_or_code_classifies_by_behaviour() {
+        let mut m = manifest();
+        m.profile.replay_marker = Some("none".into());
+        m.profile.errors.insert(
+            "idempotency_key_in_use".into(),
+            idem_spec::manifest::WireError {
+                status: 409,
+                code: None,
+                pointer: None,
+                value: None,
+                pattern: Some("in progress".into()),
+            },
+        );
+        let c = ctx(m);
+        let sent = vec![
+            r(201, false, "{\"id\":1}", false),
+            r(201, false, "{\"id\":1}", false),
+            r(409, false, r#"{"error":"a request is in progress"}"#, true),
+        ];
+        let o = classify(&c, &sent);
+        assert_eq!(
+            (o.executed, o.identical_replays, o.conflicts_as_declared),
+            (1, 1, 1)
+        );
+        assert!(o.other.is_empty() && o.other_refusals.is_empty());
     }
 }

@@ -1,9 +1,33 @@
 //! The failure-policy family: 4xx outcomes are final and replayed, 5xx
-//! outcomes are never stored and release the key.
+//! outcomes are never stored and release the key, and answers decided
+//! before the claim leave the key free.
+//!
+//! A final outcome executed again, or a 5xx stored and replayed, is
+//! `safety`; only a count of handler runs (`hooks.execution_probe`) or the
+//! replay marker can show either, because the repeated answer is
+//! byte-identical. Without that evidence the kit judges what it can see
+//! (`semantics`: the answer is not the stored one, the key was not
+//! released) and says what it could not.
+
+use idem_spec::clauses::Class;
+use idem_spec::report::Verdict;
 
 use super::{check_replay, preview};
-use crate::case::{Case, Need, Rec};
-use idem_spec::report::Verdict;
+use crate::case::{Aim, Case, Need, Rec, shared};
+use crate::http::Response;
+use crate::manifest::ManifestExt;
+
+/// `failure.5xx-not-stored` runs with either way of provoking a 5xx.
+const SERVER_ERROR: Need = Need {
+    what: "hooks.failpoint.server_error or endpoints[0].server_error_body",
+    declared: |m, _| {
+        m.endpoints[0].server_error_body.is_some()
+            || m.hooks
+                .failpoint
+                .as_ref()
+                .is_some_and(|f| f.server_error.is_some())
+    },
+};
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -16,10 +40,12 @@ pub fn cases() -> Vec<Case> {
                 "idem.replay.verbatim",
                 "idem.replay.marker",
             ],
-            needs: &[Need::RejectedBody],
+            needs: &[Need::REJECTED_BODY],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |_| {
                 vec![
-                    "R1: a 4xx; R2: the same 4xx, byte for byte, with Idempotent-Replayed: true"
+                    "R1: a 4xx; R2: the same 4xx, byte for byte, with Idempotent-Replayed: true; with an execution probe, one handler run"
                         .into(),
                 ]
             },
@@ -29,9 +55,14 @@ pub fn cases() -> Vec<Case> {
             id: "failure.5xx-not-stored",
             title: "a 5xx is not stored: the same key afterwards executes",
             clauses: &["idem.failure.5xx-not-stored", "idem.claim.transactional"],
-            needs: &[Need::ServerError],
+            needs: &[SERVER_ERROR],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |_| {
-                vec!["R1 (fault injected): a 5xx and no effect; R2 (same key, no fault): a fresh 2xx, one effect".into()]
+                vec![
+                    "failpoint: R1 (fault injected): a 5xx and no effect; R2 (same key, no fault): a fresh 2xx, one effect".into(),
+                    "server_error_body: R1: a 5xx; R2 (same key and body): a 5xx executed again, not replayed; R3 (same key, the endpoint's body): a fresh 2xx".into(),
+                ]
             },
             run: |r| Box::pin(not_stored_5xx(r)),
         },
@@ -40,6 +71,8 @@ pub fn cases() -> Vec<Case> {
             title: "a body refused for its size is refused before the claim: the key stays free",
             clauses: &["idem.failure.before-claim"],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |_| {
                 vec![format!(
                     "R1 (declaring Content-Length: {DECLARED_LENGTH}): 413 (or 408/429); R2 (same key, the plain body): a fresh 2xx, not a replay and not a mismatch, one effect"
@@ -50,18 +83,29 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
+/// Whether `again` is `stored` answered a second time from the store: the
+/// declared marker says so, or no marker is declared and the bytes match
+/// (then only the execution probe can tell, and the caller asks it).
+fn replayed(rec: &Rec, stored: &Response, again: &Response) -> bool {
+    match rec.ctx.manifest.marked(again) {
+        Some(marked) => marked || again.replayed(),
+        None => again.same_outcome(stored) || again.replayed(),
+    }
+}
+
 async fn final_4xx(rec: &mut Rec) {
     let Some(template) = rec.ctx.endpoint().rejected_body.clone() else {
         return;
     };
     let key = rec.ctx.key();
     let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
     let marker = rec.ctx.marker();
     let body = crate::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
-    let req = rec.ctx.op(0, Some(&key), &body);
+    let req = rec.ctx.op(0, Some(&key), &marker, &body);
     let Some(r1) = rec
         .send(
-            &format!("alice sends the declared rejected body with {a}"),
+            &format!("{name} sends the declared rejected body with {a}"),
             &req,
         )
         .await
@@ -79,31 +123,72 @@ async fn final_4xx(rec: &mut Rec) {
         );
         return;
     }
-    let Some(r2) = rec.send(&format!("alice resends it with {a}"), &req).await else {
+    let Some(r2) = rec.send(&format!("{name} resends it with {a}"), &req).await else {
         return;
     };
+    // A final 4xx that now succeeds was executed again: the caller was told
+    // "no", then the operation happened.
     rec.check(
         "idem.failure.final-outcomes",
+        !rec.ctx.executed(&r2, Some(&r1)),
+        format!("the {} is final: never executed again", r1.status),
+        r2.summary(),
+    );
+    rec.headline(format!(
+        "a final {} executed again on retry and succeeded",
+        r1.status
+    ));
+    rec.check_as(
+        "idem.failure.final-outcomes",
+        Class::Semantics,
         r2.same_outcome(&r1),
         format!("the {} is final: replayed", r1.status),
         r2.summary(),
     );
     check_replay(rec, &r1, &r2, "R2");
+    if rec
+        .check_executions(
+            "idem.failure.final-outcomes",
+            &marker,
+            1,
+            &format!("a final {} retried with its key", r1.status),
+        )
+        .await
+        .is_none()
+        && rec.stopped.is_none()
+    {
+        rec.note(
+            "no hooks.execution_probe: a 4xx executed again with the same answer cannot be told from a replay",
+        );
+    }
 }
 
 async fn not_stored_5xx(rec: &mut Rec) {
+    if rec.ctx.failpoint(|f| f.server_error.as_ref()).is_some() {
+        by_failpoint(rec).await;
+        if rec.stopped.is_some() {
+            return;
+        }
+    }
+    if rec.ctx.endpoint().server_error_body.is_some() {
+        by_body(rec).await;
+    }
+}
+
+async fn by_failpoint(rec: &mut Rec) {
     let Some((header, value)) = rec.ctx.failpoint(|f| f.server_error.as_ref()) else {
         return;
     };
     let key = rec.ctx.key();
     let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(0, &marker);
-    let req = rec.ctx.op(0, Some(&key), &body);
+    let req = rec.ctx.op(0, Some(&key), &marker, &body);
     let faulty = req.clone().header(&header, &value);
     let Some(r1) = rec
         .send(
-            &format!("alice sends with {a} and {header}: {value}"),
+            &format!("{name} sends with {a} and {header}: {value}"),
             &faulty,
         )
         .await
@@ -130,26 +215,132 @@ async fn not_stored_5xx(rec: &mut Rec) {
     )
     .await;
     let Some(r2) = rec
-        .send(&format!("alice retries with {a}, no fault"), &req)
+        .send(&format!("{name} retries with {a}, no fault"), &req)
         .await
     else {
         return;
     };
+    retry_after_5xx(rec, &r1, &r2, &marker).await;
+}
+
+/// R2, the retry after R1's 5xx with the endpoint's own body: a fresh
+/// execution. The 5xx replayed is safety; the key still held is semantics.
+async fn retry_after_5xx(rec: &mut Rec, r1: &Response, r2: &Response, marker: &str) {
     rec.check(
         "idem.failure.5xx-not-stored",
-        (200..300).contains(&r2.status) && !r2.replayed(),
-        "a fresh execution: the 5xx was not stored and the key was released",
+        !(r2.same_outcome(r1) || r2.status >= 500 && replayed(rec, r1, r2)),
+        "the retry is not answered with the stored 5xx",
         r2.summary(),
     );
-    rec.check_effects(
+    rec.headline(format!(
+        "a {} was stored and replayed to the retry",
+        r1.status
+    ));
+    rec.check_as(
         "idem.failure.5xx-not-stored",
+        Class::Semantics,
+        rec.ctx.executed(r2, None),
+        "a fresh execution: the 5xx released the key",
+        r2.summary(),
+    );
+    rec.check_effects_as(
+        "idem.failure.5xx-not-stored",
+        Class::Semantics,
         0,
-        &marker,
-        &[&r1, &r2],
+        marker,
+        &[r1, r2],
         1,
         "only the retry executed",
     )
     .await;
+}
+
+async fn by_body(rec: &mut Rec) {
+    let Some(template) = rec.ctx.endpoint().server_error_body.clone() else {
+        return;
+    };
+    let key = rec.ctx.key();
+    let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
+    let marker = rec.ctx.marker();
+    let body = crate::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
+    let req = rec.ctx.op(0, Some(&key), &marker, &body);
+    let Some(r1) = rec
+        .send(
+            &format!("{name} sends the declared server-error body with {a}"),
+            &req,
+        )
+        .await
+    else {
+        return;
+    };
+    if r1.status < 500 {
+        rec.stop(
+            Verdict::Inconclusive,
+            format!(
+                "endpoints[0].server_error_body did not produce a 5xx: {}",
+                r1.summary()
+            ),
+        );
+        return;
+    }
+    rec.check_effects(
+        "idem.claim.transactional",
+        0,
+        &marker,
+        &[&r1],
+        0,
+        "the failed attempt committed nothing",
+    )
+    .await;
+    // R2: the same request again. Released, the key lets it run again (and
+    // fail again); stored, the 5xx comes back from the store.
+    let Some(r2) = rec.send(&format!("{name} retries it with {a}"), &req).await else {
+        return;
+    };
+    if r2.status >= 500 {
+        let marked = rec.ctx.manifest.marked(&r2) == Some(true) || r2.replayed();
+        rec.check(
+            "idem.failure.5xx-not-stored",
+            !marked,
+            "the retry's 5xx is its own, not the stored one marked as a replay",
+            r2.summary(),
+        );
+        rec.headline(format!(
+            "a {} was stored and replayed to the retry (marked as a replay)",
+            r1.status
+        ));
+    }
+    match rec
+        .check_executions(
+            "idem.failure.5xx-not-stored",
+            &marker,
+            2,
+            "a request that failed with a 5xx, retried with its key",
+        )
+        .await
+    {
+        Some(_) => {}
+        None if rec.stopped.is_some() => return,
+        None => rec.note(
+            "no hooks.execution_probe: an unmarked 5xx replayed from the store cannot be told from a fresh one; R3 checks the key was released",
+        ),
+    }
+    // R3: the key with the endpoint's own body, which succeeds when the
+    // 5xx left nothing behind.
+    let marker3 = rec.ctx.marker();
+    let body3 = rec.ctx.body(0, &marker3);
+    let req3 = rec.ctx.op(0, Some(&key), &marker3, &body3);
+    let Some(r3) = rec
+        .send(
+            &format!("{name} sends the endpoint's own body with {a}"),
+            &req3,
+        )
+        .await
+    else {
+        return;
+    };
+    retry_after_5xx(rec, &r1, &r3, &marker3).await;
 }
 
 /// The `Content-Length` R1 declares: far over any reasonable body limit.
@@ -238,15 +429,26 @@ async fn send_declared_oversize(req: &crate::http::Request) -> Result<u16, Strin
 async fn before_claim(rec: &mut Rec) {
     let key = rec.ctx.key();
     let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(0, &marker);
-    let req = rec.ctx.op(0, Some(&key), &body);
+    let req = rec.ctx.op(0, Some(&key), &marker, &body);
     let label = rec.next_label();
+    // curl sends the declared length and the short body, then waits: the
+    // same exchange the kit makes on its own socket.
+    let oversized = req
+        .clone()
+        .without_header("Content-Length")
+        .header("Content-Length", &DECLARED_LENGTH.to_string());
+    rec.reproduction.push(format!(
+        "# {label} (declares Content-Length: {DECLARED_LENGTH}, sends far less; expect an early 413)\n{}",
+        rec.ctx.client.curl(&oversized)
+    ));
     let status = match send_declared_oversize(&req).await {
         Ok(s) => s,
         Err(e) => {
             rec.note(format!(
-                "{label}: alice sends with {a} a request declaring Content-Length: {DECLARED_LENGTH} → {e}"
+                "{label}: {name} sends with {a} a request declaring Content-Length: {DECLARED_LENGTH} → {e}"
             ));
             rec.stop(
                 Verdict::Inconclusive,
@@ -256,7 +458,7 @@ async fn before_claim(rec: &mut Rec) {
         }
     };
     rec.note(format!(
-        "{label}: alice sends with {a} a request declaring Content-Length: {DECLARED_LENGTH} (only its first 1024 bytes sent) → {status}"
+        "{label}: {name} sends with {a} a request declaring Content-Length: {DECLARED_LENGTH} (only its first 1024 bytes sent) → {status}"
     ));
     if !matches!(status, 408 | 413 | 429) {
         rec.stop(
@@ -268,14 +470,14 @@ async fn before_claim(rec: &mut Rec) {
         return;
     }
     let Some(r2) = rec
-        .send(&format!("alice sends the plain body with {a}"), &req)
+        .send(&format!("{name} sends the plain body with {a}"), &req)
         .await
     else {
         return;
     };
     rec.check(
         "idem.failure.before-claim",
-        (200..300).contains(&r2.status) && !r2.replayed(),
+        rec.ctx.executed(&r2, None),
         format!(
             "a fresh execution: the {status} was decided before the claim and the key stayed free"
         ),

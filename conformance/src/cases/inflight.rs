@@ -4,12 +4,15 @@
 use std::time::Duration;
 
 use idem_spec::ErrorCode;
+use idem_spec::clauses::Class;
 use idem_spec::headers::PREFER;
 use idem_spec::report::Verdict;
 
+use super::check_spelling;
 use super::concurrency::{classify, round};
-use crate::case::{Case, HOLD, Need, Rec, is_error, wire_desc};
+use crate::case::{Aim, Case, HOLD, Need, Rec, alone};
 use crate::http::Response;
+use crate::manifest::ManifestExt;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -21,12 +24,15 @@ pub fn cases() -> Vec<Case> {
                 "idem.inflight.conflict",
                 "idem.inflight.retry-after",
                 "idem.state.three-states",
+                "idem.errors.profiles",
             ],
-            needs: &[Need::Pause],
+            needs: &[Need::PAUSE],
+            aim: Aim::Main,
+            alone,
             permitted: |m| {
                 vec![format!(
-                    "the duplicate: {} with Retry-After, not executed",
-                    wire_desc(m, ErrorCode::IdempotencyKeyInUse)
+                    "the duplicate: refused ({} as declared) with Retry-After, not executed",
+                    m.spelled(ErrorCode::IdempotencyKeyInUse)
                 )]
             },
             run: |r| Box::pin(conflict(r)),
@@ -38,11 +44,13 @@ pub fn cases() -> Vec<Case> {
                 "idem.inflight.prefer-wait",
                 "idem.concurrency.single-effect",
             ],
-            needs: &[Need::PreferWait],
+            needs: &[Need::PREFER_WAIT],
+            aim: Aim::Main,
+            alone,
             permitted: |m| {
                 vec![format!(
                     "one execution and identical replays; {} only if the wait ran out",
-                    wire_desc(m, ErrorCode::IdempotencyKeyInUse)
+                    m.spelled(ErrorCode::IdempotencyKeyInUse)
                 )]
             },
             run: |r| Box::pin(prefer_wait(r)),
@@ -59,12 +67,13 @@ async fn conflict(rec: &mut Rec) {
     let Some((header, value)) = rec.ctx.failpoint(|f| f.pause.as_ref()) else {
         return;
     };
+    let name = rec.ctx.name(0).to_owned();
     for attempt in 1..=ATTEMPTS {
         let key = rec.ctx.key();
         let a = rec.alias(&key);
         let marker = rec.ctx.marker();
         let body = rec.ctx.body(0, &marker);
-        let req = rec.ctx.op(0, Some(&key), &body);
+        let req = rec.ctx.op(0, Some(&key), &marker, &body);
         let held = req.clone().header(&header, &value);
         let label = rec.next_label();
         rec.reproduction
@@ -86,7 +95,7 @@ async fn conflict(rec: &mut Rec) {
         let dreq = req.clone();
         let mut dup_task = tokio::spawn(async move { client.send(&dreq).await });
         let early = tokio::time::timeout(HOLD / 2, &mut dup_task).await;
-        let what = format!("alice sends a duplicate with {a} while {label} is held");
+        let what = format!("{name} sends a duplicate with {a} while {label} is held");
         let (dup, first) = match early {
             Ok(Ok(sent)) => {
                 let dup = rec.record(&dlabel, &what, sent);
@@ -109,7 +118,7 @@ async fn conflict(rec: &mut Rec) {
         let first = match first {
             Some(sent) => rec.record(
                 &label,
-                &format!("alice's original with {a} and {header}: {value}"),
+                &format!("{name}'s original with {a} and {header}: {value}"),
                 sent,
             ),
             None => {
@@ -123,11 +132,10 @@ async fn conflict(rec: &mut Rec) {
         let Some(d) = dup else { return };
         // The duplicate overtook the original: it executed first and the
         // "original" was the duplicate, refused. Not a verdict; start over.
-        let overtaken = (200..300).contains(&d.status)
-            && !d.replayed()
-            && first
-                .as_ref()
-                .is_some_and(|f| f.status == 409 || f.replayed());
+        let overtaken = rec.ctx.executed(&d, None)
+            && first.as_ref().is_some_and(|f| {
+                f.status == 409 || f.replayed() || rec.ctx.manifest.marked(f) == Some(true)
+            });
         if overtaken && attempt == ATTEMPTS {
             rec.stop(
                 Verdict::Inconclusive,
@@ -152,22 +160,39 @@ async fn conflict(rec: &mut Rec) {
                 ),
             );
         }
-        let m = rec.ctx.manifest.clone();
+        // Executed while the original is held: a second effect (safety).
+        // Refused at all: in-flight detection (semantics). Its spelling and
+        // Retry-After: interop.
+        let refused = (400..500).contains(&d.status);
         rec.check(
             "idem.inflight.conflict",
-            is_error(&m, &d, ErrorCode::IdempotencyKeyInUse),
-            wire_desc(&m, ErrorCode::IdempotencyKeyInUse),
+            !rec.ctx.executed(&d, first.as_ref()),
+            "the duplicate is not executed while the original is in flight",
             d.summary(),
         );
-        rec.check(
-            "idem.inflight.retry-after",
-            d.header("retry-after").is_some(),
-            "Retry-After present",
+        rec.headline("a duplicate sent while the original was held in flight was executed");
+        rec.check_as(
+            "idem.inflight.conflict",
+            Class::Semantics,
+            refused,
+            format!(
+                "refused as in flight ({} as declared)",
+                rec.ctx.spelled(ErrorCode::IdempotencyKeyInUse)
+            ),
             d.summary(),
         );
+        if refused {
+            check_spelling(rec, &d, ErrorCode::IdempotencyKeyInUse, "the duplicate");
+            rec.check(
+                "idem.inflight.retry-after",
+                d.header("retry-after").is_some(),
+                "Retry-After present",
+                d.summary(),
+            );
+        }
         rec.check(
             "idem.state.three-states",
-            d.status == 409 && !d.replayed(),
+            refused && !d.replayed(),
             "in flight is neither absent (execute) nor complete (replay)",
             d.summary(),
         );
@@ -178,7 +203,7 @@ async fn conflict(rec: &mut Rec) {
             &marker,
             &seen,
             1,
-            "the duplicate is not executed",
+            "a duplicate sent while the original was held in flight",
         )
         .await;
         return;
@@ -191,20 +216,18 @@ async fn prefer_wait(rec: &mut Rec) {
     let a = rec.alias(&key);
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(0, &marker);
-    let req = rec.ctx.op(0, Some(&key), &body).header(PREFER, "wait=5");
-    let sent = round(rec, &req, n, &format!("alice, key {a}, Prefer: wait=5")).await;
-    let o = classify(&rec.ctx.manifest, &sent);
+    let req = rec
+        .ctx
+        .op(0, Some(&key), &marker, &body)
+        .header(PREFER, "wait=5");
+    let name = rec.ctx.name(0).to_owned();
+    let sent = round(rec, &req, n, &format!("{name}, key {a}, Prefer: wait=5")).await;
+    let o = classify(&rec.ctx, &sent);
     rec.check(
         "idem.inflight.prefer-wait",
-        o.executed == 1 && o.in_use == 0 && o.other.is_empty(),
+        o.executed == 1 && o.refused() == 0 && o.other.is_empty(),
         "duplicates held until the original finished, then replayed",
-        format!(
-            "{} execution(s), {} replay(s), {} in-use, other [{}]",
-            o.executed,
-            o.identical_replays,
-            o.in_use,
-            super::concurrency::tally(&o.other)
-        ),
+        o.describe(),
     );
     let responses: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
     rec.check_effects(
@@ -213,7 +236,7 @@ async fn prefer_wait(rec: &mut Rec) {
         &marker,
         &responses,
         1,
-        "identical requests, one key",
+        &format!("{n} identical requests with one key, Prefer: wait"),
     )
     .await;
     if o.no_answer > 0 {

@@ -2,10 +2,12 @@
 //! keys, and errors that must not consume a key.
 
 use idem_spec::ErrorCode;
+use idem_spec::clauses::Class;
 use idem_spec::report::Verdict;
 
-use super::{KEY, check_error, err, fresh};
-use crate::case::{Case, Need, Rec, is_error};
+use super::{KEY, check_refusal, check_replay, err, fresh};
+use crate::case::{Aim, Case, Need, Rec, shared};
+use crate::manifest::ManifestExt;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -15,6 +17,8 @@ pub fn cases() -> Vec<Case> {
             title: "keys of 1 and 255 characters are accepted",
             clauses: &["idem.key.syntax"],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |m| {
                 vec![
                     "255 characters, bare and quoted with escapes: a fresh 2xx".into(),
@@ -31,12 +35,14 @@ pub fn cases() -> Vec<Case> {
             title: "the quoted sf-string and the bare form name the same key",
             clauses: &[
                 "idem.key.syntax",
+                "idem.replay.verbatim",
                 "idem.replay.marker",
-                "idem.replay.no-reexecution",
             ],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |_| {
-                vec!["the second spelling gets a verbatim replay; one side effect".into()]
+                vec!["the second spelling is the same key: not executed again (one side effect), answered with a verbatim replay".into()]
             },
             run: |r| Box::pin(quoted_and_bare(r)),
         },
@@ -49,9 +55,11 @@ pub fn cases() -> Vec<Case> {
                 "idem.errors.profiles",
             ],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |m| {
                 vec![format!(
-                    "every variant: {} and no side effect",
+                    "every variant: refused, {} as declared, and no side effect",
                     err(m, ErrorCode::IdempotencyKeyInvalid)
                 )]
             },
@@ -65,10 +73,12 @@ pub fn cases() -> Vec<Case> {
                 "idem.errors.problem-json",
                 "idem.errors.profiles",
             ],
-            needs: &[Need::KeyRequired],
+            needs: &[Need::KEY_REQUIRED],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |m| {
                 vec![format!(
-                    "{} and no side effect",
+                    "refused, {} as declared, and no side effect",
                     err(m, ErrorCode::IdempotencyKeyMissing)
                 )]
             },
@@ -77,11 +87,13 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "keys.header-only",
             title: "a key anywhere but the Idempotency-Key header is not a key",
-            clauses: &["idem.key.header"],
-            needs: &[Need::KeyRequired],
+            clauses: &["idem.key.header", "idem.errors.profiles"],
+            needs: &[Need::KEY_REQUIRED],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |m| {
                 vec![format!(
-                    "key in another header or in the query: {} and no side effect",
+                    "key in another header or in the query: refused as keyless ({}) and no side effect",
                     err(m, ErrorCode::IdempotencyKeyMissing)
                 )]
             },
@@ -92,16 +104,32 @@ pub fn cases() -> Vec<Case> {
             title: "an unauthenticated attempt does not consume the key",
             clauses: &["idem.failure.unclaimed"],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |_| {
                 vec!["unauthenticated: a 4xx, no effect; then authenticated with the same key: a fresh execution (not a replay)".into()]
             },
             run: |r| Box::pin(unclaimed(r)),
         },
         Case {
+            id: "keys.published",
+            title: "the OpenAPI document marks Idempotency-Key required on every declared endpoint",
+            clauses: &["idem.key.endpoints-published"],
+            needs: &[Need::OPENAPI],
+            aim: Aim::Main,
+            alone: shared,
+            permitted: |_| {
+                vec!["each declared endpoint's operation lists an Idempotency-Key header parameter, required".into()]
+            },
+            run: |r| Box::pin(published(r)),
+        },
+        Case {
             id: "keys.errors-distinct",
             title: "missing, invalid and mismatch errors carry distinct codes",
             clauses: &["idem.errors.distinct"],
-            needs: &[Need::KeyRequired],
+            needs: &[Need::KEY_REQUIRED],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |m| {
                 vec![format!(
                     "four distinct codes: {}, {}, {}, {}",
@@ -133,19 +161,25 @@ async fn boundary_lengths(rec: &mut Rec) {
         "\"{}\"",
         quoted_key.replace('\\', "\\\\").replace('"', "\\\"")
     );
-    for (what, value) in [
-        ("a 255-character key, bare", bare),
-        ("a 255-character key, quoted with escapes", quoted),
+    let name = rec.ctx.name(0).to_owned();
+    for (what, value, bare_form) in [
+        ("a 255-character key, bare", bare.clone(), bare),
+        (
+            "a 255-character key, quoted with escapes",
+            quoted,
+            quoted_key,
+        ),
     ] {
         let marker = rec.ctx.marker();
         let body = rec.ctx.body(0, &marker);
-        let req = rec.ctx.op(0, Some(&value), &body);
-        let Some(r) = rec.send(&format!("alice sends {what}"), &req).await else {
+        let req = rec.ctx.op(0, None, &marker, &body).header(KEY, &value);
+        rec.ctx.remember_key(&marker, &bare_form);
+        let Some(r) = rec.send(&format!("{name} sends {what}"), &req).await else {
             return;
         };
         rec.check(
             "idem.key.syntax",
-            (200..300).contains(&r.status) && !r.replayed(),
+            rec.ctx.executed(&r, None),
             format!("{what} is accepted: a fresh 2xx"),
             r.summary(),
         );
@@ -161,18 +195,20 @@ async fn boundary_lengths(rec: &mut Rec) {
     };
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(0, &marker);
-    let req = rec.ctx.op(0, Some(&k), &body);
+    let req = rec.ctx.op(0, Some(&k), &marker, &body);
     if let Some(r) = rec
-        .send(&format!("alice sends with the 1-character key {k:?}"), &req)
+        .send(
+            &format!("{name} sends with the 1-character key {k:?}"),
+            &req,
+        )
         .await
     {
-        let m = &rec.ctx.manifest;
         let ok =
-            (200..300).contains(&r.status) || is_error(m, &r, ErrorCode::IdempotencyKeyMismatch);
+            (200..300).contains(&r.status) || rec.ctx.is(&r, ErrorCode::IdempotencyKeyMismatch);
         rec.check(
             "idem.key.syntax",
             ok,
-            "a 1-character key is accepted",
+            "a 1-character key is accepted: a 2xx, or the declared mismatch if an earlier run used it",
             r.summary(),
         );
     }
@@ -187,35 +223,44 @@ async fn quoted_and_bare(rec: &mut Rec) {
     };
     let req2 = req.clone().without_header(KEY).header(KEY, &quoted);
     let a = rec.alias(&key);
-    if let Some(again) = rec
+    let Some(again) = rec
         .send(
             &format!("the same request, {a} in the quoted form {quoted}"),
             &req2,
         )
         .await
-    {
-        rec.check(
-            "idem.key.syntax",
-            again.same_outcome(&first),
-            "the quoted form names the same key: a replay of R1",
-            again.summary(),
-        );
-        rec.check(
-            "idem.replay.marker",
-            again.replayed(),
-            "Idempotent-Replayed: true",
-            again.summary(),
-        );
-        rec.check_effects(
-            "idem.replay.no-reexecution",
-            0,
-            &marker,
-            &[&first, &again],
-            1,
-            "one operation sent in two spellings",
-        )
-        .await;
+    else {
+        return;
+    };
+    // The key's identity is the clause here: a second spelling executed
+    // again means the target sees two keys. How the repeat is answered is
+    // the replay's business, judged only when it was not executed.
+    let executed = rec.ctx.executed(&again, Some(&first));
+    rec.check(
+        "idem.key.syntax",
+        !executed,
+        "the quoted form names the same key: not executed again",
+        again.summary(),
+    );
+    if !executed {
+        check_replay(rec, &first, &again, "the quoted spelling");
     }
+    rec.check_effects(
+        "idem.key.syntax",
+        0,
+        &marker,
+        &[&first, &again],
+        1,
+        "one operation sent in two spellings of its key",
+    )
+    .await;
+    rec.check_executions(
+        "idem.key.syntax",
+        &marker,
+        1,
+        "one operation sent in two spellings of its key",
+    )
+    .await;
 }
 
 async fn invalid(rec: &mut Rec) {
@@ -249,19 +294,21 @@ async fn invalid(rec: &mut Rec) {
     ];
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(0, &marker);
+    let name = rec.ctx.name(0).to_owned();
     let mut seen = Vec::new();
     for (what, values) in variants {
-        let mut req = rec.ctx.op(0, None, &body);
+        let mut req = rec.ctx.op(0, None, &marker, &body);
         for v in values {
             req.headers.push((KEY.to_owned(), v));
         }
         if let Some(r) = rec
-            .send(&format!("alice sends a key with {what}"), &req)
+            .send(&format!("{name} sends a key with {what}"), &req)
             .await
         {
-            check_error(
+            check_refusal(
                 rec,
                 "idem.key.invalid",
+                Class::Interop,
                 &r,
                 ErrorCode::IdempotencyKeyInvalid,
                 what,
@@ -286,14 +333,16 @@ async fn invalid(rec: &mut Rec) {
 async fn missing(rec: &mut Rec) {
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(0, &marker);
-    let req = rec.ctx.op(0, None, &body);
+    let req = rec.ctx.op(0, None, &marker, &body);
+    let name = rec.ctx.name(0).to_owned();
     if let Some(r) = rec
-        .send("alice sends without an Idempotency-Key", &req)
+        .send(&format!("{name} sends without an Idempotency-Key"), &req)
         .await
     {
-        check_error(
+        check_refusal(
             rec,
             "idem.key.required",
+            Class::Semantics,
             &r,
             ErrorCode::IdempotencyKeyMissing,
             "no key",
@@ -315,25 +364,31 @@ async fn header_only(rec: &mut Rec) {
     let body = rec.ctx.body(0, &marker);
     let key = rec.ctx.key();
     let a = rec.alias(&key);
-    let other = rec.ctx.op(0, None, &body).header("X-Idempotency-Key", &key);
-    let mut in_query = rec.ctx.op(0, None, &body);
+    let name = rec.ctx.name(0).to_owned();
+    let other = rec
+        .ctx
+        .op(0, None, &marker, &body)
+        .header("X-Idempotency-Key", &key);
+    let mut in_query = rec.ctx.op(0, None, &marker, &body);
     let sep = if in_query.url.contains('?') { '&' } else { '?' };
     in_query.url = format!("{}{sep}idempotency_key={key}", in_query.url);
+    // A key-matched probe finds these by the key they carry elsewhere.
+    rec.ctx.remember_key(&marker, &key);
     let mut seen = Vec::new();
     for (what, req) in [
-        (format!("alice sends {a} in X-Idempotency-Key"), other),
-        (format!("alice sends {a} as ?idempotency_key="), in_query),
+        (format!("{name} sends {a} in X-Idempotency-Key"), other),
+        (format!("{name} sends {a} as ?idempotency_key="), in_query),
     ] {
         let Some(r) = rec.send(&what, &req).await else {
             return;
         };
-        let ok = is_error(&rec.ctx.manifest, &r, ErrorCode::IdempotencyKeyMissing);
-        let want = err(&rec.ctx.manifest, ErrorCode::IdempotencyKeyMissing);
-        rec.check(
+        check_refusal(
+            rec,
             "idem.key.header",
-            ok,
-            format!("{want}: the key is read from Idempotency-Key only"),
-            r.summary(),
+            Class::Interop,
+            &r,
+            ErrorCode::IdempotencyKeyMissing,
+            "a key outside Idempotency-Key is no key",
         );
         seen.push(r);
     }
@@ -354,7 +409,7 @@ async fn unclaimed(rec: &mut Rec) {
     let a = rec.alias(&key);
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(0, &marker);
-    let authed = rec.ctx.op(0, Some(&key), &body);
+    let authed = rec.ctx.op(0, Some(&key), &marker, &body);
     let mut anon = authed.clone();
     let secret: Vec<String> = rec
         .ctx
@@ -392,7 +447,7 @@ async fn unclaimed(rec: &mut Rec) {
     };
     rec.check(
         "idem.failure.unclaimed",
-        (200..300).contains(&r2.status) && !r2.replayed(),
+        rec.ctx.executed(&r2, None),
         "a fresh execution: the rejected attempt did not consume the key",
         r2.summary(),
     );
@@ -408,67 +463,137 @@ async fn unclaimed(rec: &mut Rec) {
 }
 
 async fn distinct(rec: &mut Rec) {
-    let m = rec.ctx.manifest.clone();
-    let mut codes: Vec<(String, Option<String>)> = Vec::new();
+    let mut codes: Vec<(&str, Option<String>)> = Vec::new();
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(0, &marker);
-    let Some(r) = rec
-        .send("alice sends without a key", &rec.ctx.op(0, None, &body))
-        .await
-    else {
+    let name = rec.ctx.name(0).to_owned();
+    let req = rec.ctx.op(0, None, &marker, &body);
+    let Some(missing) = rec.send(&format!("{name} sends without a key"), &req).await else {
         return;
     };
-    codes.push(("missing".into(), r.code()));
-    let Some(r) = rec
-        .send("alice sends an empty key", &rec.ctx.op(0, Some(""), &body))
-        .await
-    else {
+    let req = rec.ctx.op(0, Some(""), &marker, &body);
+    let Some(invalid) = rec.send(&format!("{name} sends an empty key"), &req).await else {
         return;
     };
-    codes.push(("invalid".into(), r.code()));
     let key = rec.ctx.key();
-    let Some((req, _, _)) = fresh(rec, 0, &key).await else {
+    let Some((req, _, marker)) = fresh(rec, 0, &key).await else {
         return;
     };
-    let mut changed = rec.ctx.body(0, &rec.ctx.marker());
-    if changed == body {
+    let mut changed = rec.ctx.body(0, &marker);
+    let original: serde_json::Value = req
+        .body
+        .as_deref()
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or_default();
+    if changed == original {
         changed = serde_json::json!({ "conformance_changed": true });
     }
     let req2 = req.clone().json_body(&changed);
     let a = rec.alias(&key);
-    let Some(r) = rec
-        .send(&format!("alice reuses {a} with another body"), &req2)
+    let Some(mismatch) = rec
+        .send(&format!("{name} reuses {a} with another body"), &req2)
         .await
     else {
         return;
     };
-    codes.push(("mismatch".into(), r.code()));
-    codes.push((
-        "in use (declared)".into(),
-        Some(m.wire(ErrorCode::IdempotencyKeyInUse).code.clone()),
-    ));
-    let observed: Vec<String> = codes
-        .iter()
-        .map(|(w, c)| format!("{w}={}", c.as_deref().unwrap_or("<none>")))
-        .collect();
-    // A missing code means the error was not provoked at all; the cases of
-    // that error's own clause report it. Only compare the codes that exist.
-    let present: Vec<&String> = codes.iter().filter_map(|(_, c)| c.as_ref()).collect();
-    if present.len() < codes.len() {
+    // Only refusals can be compared: an error that was not provoked at all
+    // is its own case's finding.
+    let unprovoked: Vec<String> = [
+        ("missing", &missing),
+        ("invalid", &invalid),
+        ("mismatch", &mismatch),
+    ]
+    .iter()
+    .filter(|(_, r)| !(400..500).contains(&r.status))
+    .map(|(w, r)| format!("{w}: {}", r.summary()))
+    .collect();
+    if !unprovoked.is_empty() {
         rec.stop(
             Verdict::Inconclusive,
-            format!("not every error could be provoked: {}", observed.join(", ")),
+            format!(
+                "not every error could be provoked: {}",
+                unprovoked.join(", ")
+            ),
         );
+        return;
     }
+    codes.push(("missing", missing.code()));
+    codes.push(("invalid", invalid.code()));
+    codes.push(("mismatch", mismatch.code()));
+    let in_use = rec.ctx.manifest.wire(ErrorCode::IdempotencyKeyInUse);
+    codes.push(("in use (declared)", in_use.code.clone()));
+    let observed: Vec<String> = codes
+        .iter()
+        .map(|(w, c)| format!("{w}={}", c.as_deref().unwrap_or("<no code>")))
+        .collect();
+    let present: Vec<&String> = codes.iter().filter_map(|(_, c)| c.as_ref()).collect();
     let mut uniq = present.clone();
     uniq.sort();
     uniq.dedup();
     rec.check(
         "idem.errors.distinct",
-        uniq.len() == present.len(),
-        "four distinct codes",
+        present.len() == codes.len() && uniq.len() == present.len(),
+        "four distinct code members",
         observed.join(", "),
     );
 }
 
-use crate::manifest::ManifestExt;
+async fn published(rec: &mut Rec) {
+    let Some(path) = rec.ctx.manifest.target.openapi_url.clone() else {
+        return;
+    };
+    let req = crate::http::Request {
+        method: "GET".into(),
+        url: rec.ctx.url(&path),
+        headers: rec.ctx.auth(0),
+        body: None,
+        state_changing: false,
+    };
+    let Some(r) = rec.send(&format!("GET {path}"), &req).await else {
+        return;
+    };
+    let Some(doc) = r.json() else {
+        rec.stop(
+            Verdict::Inconclusive,
+            format!("target.openapi_url did not answer JSON ({})", r.summary()),
+        );
+        return;
+    };
+    for e in rec.ctx.manifest.endpoints.clone() {
+        // The document's path template may name parameters the manifest
+        // filled in; compare the literal path, then fall back to the
+        // endpoint's path with its query dropped.
+        let bare = e.path.split('?').next().unwrap_or(&e.path).to_owned();
+        let op = doc
+            .get("paths")
+            .and_then(|p| p.get(&bare))
+            .and_then(|item| item.get(e.method.to_ascii_lowercase()));
+        let declared = op
+            .and_then(|o| o.get("parameters"))
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|ps| {
+                ps.iter().any(|p| {
+                    p.get("name")
+                        .and_then(serde_json::Value::as_str)
+                        .is_some_and(|n| n.eq_ignore_ascii_case(KEY))
+                        && p.get("in").and_then(serde_json::Value::as_str) == Some("header")
+                        && p.get("required").and_then(serde_json::Value::as_bool) == Some(true)
+                })
+            });
+        rec.check(
+            "idem.key.endpoints-published",
+            declared,
+            format!(
+                "{} {bare}: a required Idempotency-Key header parameter",
+                e.method
+            ),
+            if op.is_none() {
+                format!("{} {bare} is not in the document", e.method)
+            } else if declared {
+                "declared, required".to_owned()
+            } else {
+                "the operation does not declare it as a required header".to_owned()
+            },
+        );
+    }
+}

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::case::{Case, HOLD, Rec};
+use super::check_marked;
+use crate::case::{Aim, Case, HOLD, Rec, shared};
 use crate::proxy::DropProxy;
 use idem_spec::report::Verdict;
 
@@ -18,6 +19,8 @@ pub fn cases() -> Vec<Case> {
             "idem.state.three-states",
         ],
         needs: &[],
+        aim: Aim::Main,
+        alone: shared,
         permitted: |_| {
             vec!["R1 through the dropping proxy: no answer (the target answered 2xx); R2 directly, same key: a replay with Idempotent-Replayed: true; one effect".into()]
         },
@@ -38,7 +41,8 @@ async fn dropped(rec: &mut Rec) {
     let a = rec.alias(&key);
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(0, &marker);
-    let req = rec.ctx.op(0, Some(&key), &body);
+    let req = rec.ctx.op(0, Some(&key), &marker, &body);
+    let name = rec.ctx.name(0).to_owned();
     let mut via = req.clone();
     via.url = via.url.replacen(
         rec.ctx.manifest.target.base_url.trim_end_matches('/'),
@@ -54,7 +58,7 @@ async fn dropped(rec: &mut Rec) {
     let dropped = proxy.next_dropped(timeout + HOLD).await;
     match (&lost, &dropped) {
         (Err(_), Some(d)) => rec.note(format!(
-            "{label}: alice sends with {a} through the proxy; the target answered {}, the proxy dropped it, alice saw no response",
+            "{label}: {name} sends with {a} through the proxy; the target answered {}, the proxy dropped it, {name} saw no response",
             d.status.map_or("nothing".to_owned(), |s| s.to_string())
         )),
         _ => {
@@ -74,7 +78,7 @@ async fn dropped(rec: &mut Rec) {
         return;
     }
     let Some(r2) = rec
-        .send(&format!("alice retries directly with {a}"), &req)
+        .send(&format!("{name} retries directly with {a}"), &req)
         .await
     else {
         return;
@@ -85,19 +89,23 @@ async fn dropped(rec: &mut Rec) {
         "the committed outcome (2xx)",
         r2.summary(),
     );
-    rec.check(
-        "idem.replay.marker",
-        r2.replayed(),
-        "Idempotent-Replayed: true",
-        r2.summary(),
-    );
+    if (200..300).contains(&r2.status) {
+        check_marked(rec, &r2, "the retry's replay");
+    }
     rec.check_effects(
         "idem.replay.no-reexecution",
         0,
         &marker,
         &[&r2],
         1,
-        "the lost response's operation ran once",
+        "a retry after a lost response",
+    )
+    .await;
+    rec.check_executions(
+        "idem.replay.no-reexecution",
+        &marker,
+        1,
+        "a retry after a lost response",
     )
     .await;
 }

@@ -1,10 +1,19 @@
 //! The fingerprint family: the same key with a different body, path or
 //! method is a mismatch, never a replay and never an execution.
+//!
+//! What each outcome costs decides its class: a different request answered
+//! with the first one's stored response is `safety` (the caller believes
+//! its new request happened); one executed as a new request is `semantics`
+//! (the mismatch was not detected, but each request ran once); a refusal in
+//! another spelling is `interop`.
 
 use idem_spec::ErrorCode;
+use idem_spec::clauses::Class;
 
-use super::{check_error, err, fresh};
-use crate::case::{Case, Rec, is_error};
+use super::{check_spelling, err, fresh};
+use crate::case::{Aim, Case, Rec, shared};
+use crate::http::Response;
+use crate::manifest::ManifestExt;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -19,9 +28,11 @@ pub fn cases() -> Vec<Case> {
                 "idem.errors.profiles",
             ],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |m| {
                 vec![format!(
-                    "{}, no replay, no second effect",
+                    "refused ({} as declared): no replay of R1, no second effect",
                     err(m, ErrorCode::IdempotencyKeyMismatch)
                 )]
             },
@@ -32,9 +43,11 @@ pub fn cases() -> Vec<Case> {
             title: "the same key on a different path (query) is a mismatch",
             clauses: &["idem.fingerprint.inputs", "idem.fingerprint.mismatch"],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |m| {
                 vec![format!(
-                    "{}, no replay, no second effect",
+                    "refused ({} as declared): no replay of R1, no second effect",
                     err(m, ErrorCode::IdempotencyKeyMismatch)
                 )]
             },
@@ -43,17 +56,70 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "mismatch.method",
             title: "the same key with a different method is never a replay",
-            clauses: &["idem.fingerprint.inputs"],
+            clauses: &["idem.fingerprint.inputs", "idem.fingerprint.mismatch"],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |m| {
                 vec![format!(
-                    "{}, or 404/405 when the method is not routed; never a replay",
-                    err(m, ErrorCode::IdempotencyKeyMismatch)
+                    "{}, or a status the target declares for an unsupported method ({:?}); never a replay",
+                    err(m, ErrorCode::IdempotencyKeyMismatch),
+                    m.profile.unsupported_statuses
                 )]
             },
             run: |r| Box::pin(method(r)),
         },
     ]
+}
+
+/// How a request that differs from R1 under R1's key was answered.
+enum Answer {
+    /// R1's stored response (or a marked replay): another request's outcome.
+    Replayed,
+    /// A fresh 2xx: executed as a new request.
+    Executed,
+    /// A 4xx.
+    Refused,
+    /// Anything else (a 5xx, a 3xx).
+    Other,
+}
+
+fn answer(rec: &Rec, first: &Response, r: &Response) -> Answer {
+    if r.same_outcome(first) || rec.ctx.manifest.marked(r) == Some(true) || r.replayed() {
+        Answer::Replayed
+    } else if (200..300).contains(&r.status) {
+        Answer::Executed
+    } else if (400..500).contains(&r.status) {
+        Answer::Refused
+    } else {
+        Answer::Other
+    }
+}
+
+/// The behavioural checks every mismatch variant shares, under
+/// `idem.fingerprint.mismatch`: never R1's outcome (safety), refused at
+/// all (semantics). Returns the answer's kind.
+fn judge(rec: &mut Rec, first: &Response, r: &Response, what: &str) -> Answer {
+    let a = answer(rec, first, r);
+    rec.check(
+        "idem.fingerprint.mismatch",
+        !matches!(a, Answer::Replayed),
+        format!("{what}: not answered with R1's stored response"),
+        r.summary(),
+    );
+    rec.headline(format!(
+        "{what} under a used key got the first request's stored response"
+    ));
+    if !matches!(a, Answer::Replayed) {
+        rec.check_as(
+            "idem.fingerprint.mismatch",
+            Class::Semantics,
+            matches!(a, Answer::Refused),
+            format!("{what}: refused with a 4xx, not executed"),
+            r.summary(),
+        );
+    }
+    a
 }
 
 async fn body(rec: &mut Rec) {
@@ -75,28 +141,32 @@ async fn body(rec: &mut Rec) {
         changed = rec.ctx.body(0, &marker);
     }
     let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
     let req2 = req.clone().json_body(&changed);
     let Some(r2) = rec
-        .send(&format!("alice reuses {a} with a different amount"), &req2)
+        .send(&format!("{name} reuses {a} with a different amount"), &req2)
         .await
     else {
         return;
     };
-    check_error(
-        rec,
-        "idem.fingerprint.mismatch",
-        &r2,
-        ErrorCode::IdempotencyKeyMismatch,
-        "different body",
-    );
+    let kind = judge(rec, &first, &r2, "a different body");
+    if matches!(kind, Answer::Refused) {
+        check_spelling(
+            rec,
+            &r2,
+            ErrorCode::IdempotencyKeyMismatch,
+            "different body",
+        );
+    }
     rec.check(
         "idem.fingerprint.inputs",
-        !r2.replayed() && !r2.same_outcome(&first),
-        "a different body is a different request: not R1's response",
+        !matches!(kind, Answer::Replayed),
+        "a different body is a different request",
         r2.summary(),
     );
-    rec.check_effects(
+    rec.check_effects_as(
         "idem.fingerprint.mismatch",
+        Class::Semantics,
         0,
         &marker,
         &[&first, &r2],
@@ -115,33 +185,29 @@ async fn path(rec: &mut Rec) {
     let sep = if req2.url.contains('?') { '&' } else { '?' };
     req2.url = format!("{}{sep}conformance=1", req2.url);
     let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
     let Some(r2) = rec
         .send(
-            &format!("alice sends R1's body with {a} to the path plus ?conformance=1"),
+            &format!("{name} sends R1's body with {a} to the path plus ?conformance=1"),
             &req2,
         )
         .await
     else {
         return;
     };
-    let ok = is_error(&rec.ctx.manifest, &r2, ErrorCode::IdempotencyKeyMismatch);
+    let kind = judge(rec, &first, &r2, "another path");
     rec.check(
         "idem.fingerprint.inputs",
-        ok,
-        format!(
-            "{}: the query is part of the fingerprint",
-            err(&rec.ctx.manifest, ErrorCode::IdempotencyKeyMismatch)
-        ),
+        matches!(kind, Answer::Refused),
+        "the query is part of the fingerprint: a refused mismatch",
         r2.summary(),
     );
-    rec.check(
+    if matches!(kind, Answer::Refused) {
+        check_spelling(rec, &r2, ErrorCode::IdempotencyKeyMismatch, "another path");
+    }
+    rec.check_effects_as(
         "idem.fingerprint.mismatch",
-        !r2.replayed(),
-        "never a replay of R1",
-        r2.summary(),
-    );
-    rec.check_effects(
-        "idem.fingerprint.mismatch",
+        Class::Semantics,
         0,
         &marker,
         &[&first, &r2],
@@ -163,28 +229,41 @@ async fn method(rec: &mut Rec) {
         "PUT".into()
     };
     let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
     let Some(r2) = rec
         .send(
-            &format!("alice sends R1 with {a} as {}", req2.method),
+            &format!("{name} sends R1 with {a} as {}", req2.method),
             &req2,
         )
         .await
     else {
         return;
     };
-    let ok = !r2.replayed()
-        && (is_error(&rec.ctx.manifest, &r2, ErrorCode::IdempotencyKeyMismatch)
-            || r2.status == 404
-            || r2.status == 405);
+    let kind = answer(rec, &first, &r2);
     rec.check(
-        "idem.fingerprint.inputs",
-        ok,
-        format!(
-            "{} or 404/405; never a replay",
-            err(&rec.ctx.manifest, ErrorCode::IdempotencyKeyMismatch)
-        ),
+        "idem.fingerprint.mismatch",
+        !matches!(kind, Answer::Replayed),
+        "another method: not answered with R1's stored response",
         r2.summary(),
     );
+    rec.headline("another method under a used key got the first request's stored response");
+    let m = rec.ctx.manifest.clone();
+    let unsupported = m.unsupported(r2.status);
+    rec.check(
+        "idem.fingerprint.inputs",
+        matches!(kind, Answer::Refused | Answer::Other)
+            && (unsupported || (400..500).contains(&r2.status)),
+        "another method is another request: refused",
+        r2.summary(),
+    );
+    if matches!(kind, Answer::Refused) && !unsupported {
+        check_spelling(
+            rec,
+            &r2,
+            ErrorCode::IdempotencyKeyMismatch,
+            "another method",
+        );
+    }
     rec.check_effects(
         "idem.fingerprint.inputs",
         0,

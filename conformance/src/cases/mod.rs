@@ -2,13 +2,15 @@
 //! exporting `cases()` with the same small shape ([`crate::case::Case`]).
 
 use idem_spec::ErrorCode;
-use idem_spec::headers::IDEMPOTENCY_KEY;
+use idem_spec::clauses::Class;
+use idem_spec::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use idem_spec::manifest::Manifest;
 use idem_spec::problem::PROBLEM_CONTENT_TYPE;
 use serde_json::Value;
 
-use crate::case::{Case, Rec, is_error, wire_desc};
+use crate::case::{Case, Rec};
 use crate::http::Response;
+use crate::manifest::ManifestExt;
 
 pub mod concurrency;
 pub mod failure;
@@ -69,41 +71,66 @@ pub fn problem_shape(r: &Response) -> Result<(), String> {
     }
 }
 
-/// Checks that `r` is the contract error `code` under the declared profile
-/// (against `clause` and `idem.errors.profiles`) and a well-formed problem
-/// document (`idem.errors.problem-json`).
-pub fn check_error(rec: &mut Rec, clause: &'static str, r: &Response, code: ErrorCode, what: &str) {
-    let ctx = rec.ctx.clone();
-    let m = &ctx.manifest;
-    let want = wire_desc(m, code);
-    let ok = is_error(m, r, code);
+/// Checks a refusal the contract requires: `r` must be refused (a 4xx)
+/// under `clause` (its failure recorded with `class`, the consequence the
+/// case knows of), and, when it is, spelled as the target declares `code`
+/// (`idem.errors.profiles`) in a well-formed problem document
+/// (`idem.errors.problem-json`). Both spelling checks are interop: a
+/// refusal in another dialect is still a refusal. Returns whether `r` was
+/// refused.
+pub fn check_refusal(
+    rec: &mut Rec,
+    clause: &'static str,
+    class: Class,
+    r: &Response,
+    code: ErrorCode,
+    what: &str,
+) -> bool {
+    let want = rec.ctx.spelled(code);
+    let refused = (400..500).contains(&r.status);
     let observed = format!("{what}: {}", r.summary());
-    rec.check(clause, ok, format!("{what}: {want}"), observed.clone());
-    // The profile check is about the spelling only when the right family of
-    // answer came back (a 4xx): a 2xx is already a failure of `clause`.
-    if (400..500).contains(&r.status) {
-        rec.check(
-            "idem.errors.profiles",
-            ok,
-            format!("{what}: {want} (profile {})", m.profile.base),
-            observed,
-        );
-        let shape = problem_shape(r);
-        rec.check(
-            "idem.errors.problem-json",
-            shape.is_ok(),
-            "application/problem+json with type, title, status, detail, code, retryable",
-            shape
-                .err()
-                .unwrap_or_else(|| "a well-formed problem document".into()),
-        );
+    rec.check_as(
+        clause,
+        class,
+        refused,
+        format!("{what}: refused with a 4xx ({want} as declared)"),
+        observed.clone(),
+    );
+    if refused {
+        check_spelling(rec, r, code, what);
     }
+    refused
+}
+
+/// The interop checks of an answer that is the contract error `code`:
+/// spelled as declared, and a problem document.
+pub fn check_spelling(rec: &mut Rec, r: &Response, code: ErrorCode, what: &str) {
+    let m = &rec.ctx.manifest;
+    let ok = m.matches(r, code);
+    let want = m.spelled(code);
+    let profile = m.profile_name();
+    rec.check(
+        "idem.errors.profiles",
+        ok,
+        format!("{what}: {want} (profile {profile})"),
+        format!("{what}: {}", r.summary()),
+    );
+    let shape = problem_shape(r);
+    rec.check(
+        "idem.errors.problem-json",
+        shape.is_ok(),
+        "application/problem+json with type, title, status, detail, code, retryable",
+        shape
+            .err()
+            .unwrap_or_else(|| "a well-formed problem document".into()),
+    );
 }
 
 /// Sends a fresh operation of `caller` with `key`; returns the request, the
-/// response and the marker. The first execution must be a 2xx without the
-/// replay marker; anything else stops the case as inconclusive (the target
-/// could not even perform a fresh operation, so nothing else can be judged).
+/// response and the marker. The first execution must be a 2xx; anything
+/// else stops the case as inconclusive (the target could not even perform
+/// a fresh operation, so nothing else can be judged). A first execution
+/// must not carry the replay marker (`idem.replay.marker`).
 pub async fn fresh(
     rec: &mut Rec,
     caller: usize,
@@ -111,9 +138,9 @@ pub async fn fresh(
 ) -> Option<(crate::http::Request, Response, String)> {
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(caller, &marker);
-    let req = rec.ctx.op(caller, Some(key), &body);
+    let req = rec.ctx.op(caller, Some(key), &marker, &body);
     let alias = rec.alias(key);
-    let name = rec.ctx.caller(caller).name.clone();
+    let name = rec.ctx.name(caller).to_owned();
     let r = rec
         .send(&format!("{name} sends a new operation with {alias}"), &req)
         .await?;
@@ -127,18 +154,49 @@ pub async fn fresh(
         );
         return None;
     }
-    rec.check(
-        "idem.replay.marker",
-        !r.replayed(),
-        "a first execution without Idempotent-Replayed",
-        format!("first execution: {}", r.summary()),
-    );
+    check_unmarked(rec, &r, "first execution");
     Some((req, r, marker))
 }
 
+/// `idem.replay.marker`: a first execution carries no replay marker.
+pub fn check_unmarked(rec: &mut Rec, r: &Response, what: &str) {
+    let declared = rec.ctx.manifest.marked(r) == Some(true);
+    rec.check(
+        "idem.replay.marker",
+        !r.replayed() && !declared,
+        format!("{what} without {IDEMPOTENT_REPLAYED}"),
+        format!("{what}: {}", r.summary()),
+    );
+}
+
+/// `idem.replay.marker`: a replay carries `Idempotent-Replayed: true`. The
+/// observation names the target's declared marker when it has another.
+pub fn check_marked(rec: &mut Rec, r: &Response, what: &str) {
+    let observed = match rec.ctx.manifest.marker_header() {
+        _ if r.replayed() => r.summary(),
+        None => format!("{}; the manifest declares unmarked replays", r.summary()),
+        Some(h) if !h.eq_ignore_ascii_case(IDEMPOTENT_REPLAYED) => format!(
+            "{}; the manifest declares the marker {h} instead ({})",
+            r.summary(),
+            if rec.ctx.manifest.marked(r) == Some(true) {
+                "present"
+            } else {
+                "absent too"
+            }
+        ),
+        Some(_) => r.summary(),
+    };
+    rec.check(
+        "idem.replay.marker",
+        r.replayed(),
+        format!("{what}: {IDEMPOTENT_REPLAYED}: true"),
+        observed,
+    );
+}
+
 /// Checks `again` is a verbatim replay of `first`: same status and body
-/// bytes, same Content-Type/Location/ETag and declared headers, and the
-/// replay marker.
+/// bytes, same Content-Type/Location/ETag and declared headers
+/// (`idem.replay.verbatim`), and the replay marker (`idem.replay.marker`).
 pub fn check_replay(rec: &mut Rec, first: &Response, again: &Response, what: &str) {
     let mut diffs = Vec::new();
     if first.status != again.status {
@@ -170,15 +228,10 @@ pub fn check_replay(rec: &mut Rec, first: &Response, again: &Response, what: &st
         if diffs.is_empty() {
             "identical".to_owned()
         } else {
-            diffs.join("; ")
+            format!("{}: {}", again.summary(), diffs.join("; "))
         },
     );
-    rec.check(
-        "idem.replay.marker",
-        again.replayed(),
-        format!("{what}: Idempotent-Replayed: true"),
-        again.summary(),
-    );
+    check_marked(rec, again, what);
 }
 
 /// A short, printable preview of a body.
@@ -194,9 +247,9 @@ pub fn preview(b: &[u8]) -> String {
     }
 }
 
-/// Permitted-outcome helper: "the contract error under this profile".
+/// Permitted-outcome helper: "the contract error as the target declares it".
 pub fn err(m: &Manifest, code: ErrorCode) -> String {
-    wire_desc(m, code)
+    m.spelled(code)
 }
 
 /// The key header name, re-exported for the case modules.

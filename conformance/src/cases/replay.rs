@@ -1,8 +1,10 @@
 //! The replay family: a duplicate of a completed request gets the stored
 //! response byte for byte, with the marker, and causes nothing.
 
-use super::{check_replay, fresh};
-use crate::case::{Case, Rec};
+use idem_spec::clauses::Class;
+
+use super::{check_marked, check_replay, fresh};
+use crate::case::{Aim, Case, Rec, shared};
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -18,6 +20,8 @@ pub fn cases() -> Vec<Case> {
                 "idem.failure.final-outcomes",
             ],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |_| {
                 vec!["R1: a 2xx without Idempotent-Replayed; R2, R3: the same status, body and headers with Idempotent-Replayed: true; one side effect".into()]
             },
@@ -31,6 +35,8 @@ pub fn cases() -> Vec<Case> {
                 "idem.replay.no-reexecution",
             ],
             needs: &[],
+            aim: Aim::Main,
+            alone: shared,
             permitted: |_| {
                 vec!["the reformatted body gets a replay (SHOULD); never a second execution".into()]
             },
@@ -45,8 +51,9 @@ async fn verbatim(rec: &mut Rec) {
         return;
     };
     let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
     let Some(r2) = rec
-        .send(&format!("alice resends R1 unchanged with {a}"), &req)
+        .send(&format!("{name} resends R1 unchanged with {a}"), &req)
         .await
     else {
         return;
@@ -58,14 +65,17 @@ async fn verbatim(rec: &mut Rec) {
         "complete key: the stored response",
         r2.summary(),
     );
-    rec.check(
+    // A final outcome not replayed is a semantics finding; executed again
+    // (the probes below) it is a safety one.
+    rec.check_as(
         "idem.failure.final-outcomes",
+        Class::Semantics,
         r2.same_outcome(&first),
         format!("the 2xx outcome ({}) is stored and replayed", first.status),
         r2.summary(),
     );
     let Some(r3) = rec
-        .send(&format!("alice resends R1 again with {a}"), &req)
+        .send(&format!("{name} resends R1 again with {a}"), &req)
         .await
     else {
         return;
@@ -76,6 +86,13 @@ async fn verbatim(rec: &mut Rec) {
         0,
         &marker,
         &[&first, &r2, &r3],
+        1,
+        "R2 and R3 are replays",
+    )
+    .await;
+    rec.check_executions(
+        "idem.replay.no-reexecution",
+        &marker,
         1,
         "R2 and R3 are replays",
     )
@@ -116,9 +133,10 @@ async fn canonical(rec: &mut Rec) {
     let mut req2 = req.clone();
     req2.body = Some(reformatted(&value).into_bytes());
     let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
     let Some(r2) = rec
         .send(
-            &format!("alice resends R1's body with keys reordered and whitespace added, {a}"),
+            &format!("{name} resends R1's body with keys reordered and whitespace added, {a}"),
             &req2,
         )
         .await
@@ -132,12 +150,7 @@ async fn canonical(rec: &mut Rec) {
         r2.summary(),
     );
     if r2.same_outcome(&first) {
-        rec.check(
-            "idem.replay.marker",
-            r2.replayed(),
-            "Idempotent-Replayed: true",
-            r2.summary(),
-        );
+        check_marked(rec, &r2, "the replay");
     }
     rec.check_effects(
         "idem.replay.no-reexecution",

@@ -1,29 +1,63 @@
 //! The scope family: keys belong to (caller, key); two callers never
 //! interact.
+//!
+//! One caller's stored response reaching the other is the `safety` failure
+//! of `idem.scope.caller`; the other caller refused or blocked because the
+//! first used the key, without seeing its response, is the `semantics`
+//! failure of the same clause. A broken replay of a caller's own request is
+//! the replay's finding, not scope's.
 
 use idem_spec::ErrorCode;
+use idem_spec::clauses::Class;
 
-use super::fresh;
-use crate::case::{Case, Rec, is_error};
+use super::{check_replay, fresh};
+use crate::case::{Aim, Case, Rec, shared};
+use crate::http::Response;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
     vec![Case {
         id: "scope.other-caller",
         title: "the same key from another caller executes independently and never replays the first caller's response",
-        clauses: &["idem.scope.caller"],
+        clauses: &["idem.scope.caller", "idem.replay.verbatim"],
         needs: &[],
-        permitted: |_| {
+        aim: Aim::Main,
+        alone: shared,
+        permitted: |m| {
+            let (a, b) = (&m.callers[0].name, &m.callers[1].name);
             vec![
-                "bob's request with alice's key: a fresh execution of bob's operation (2xx, no marker), one effect each".into(),
-                "bob sending alice's exact bytes with her key: anything but alice's response or a key conflict".into(),
+                format!(
+                    "{b}'s request with {a}'s key: a fresh execution of {b}'s operation (2xx, no marker), one effect each"
+                ),
+                format!(
+                    "{b} sending {a}'s exact bytes with that key: anything but {a}'s response or a key conflict"
+                ),
             ]
         },
         run: |r| Box::pin(other_caller(r)),
     }]
 }
 
+/// [`crate::case::Ctx::is_leak`], stopping the case when the probe cannot tell.
+async fn leaked(
+    rec: &mut Rec,
+    caller: usize,
+    marker: &str,
+    before: u64,
+    r: &Response,
+    other: &Response,
+) -> Option<bool> {
+    match rec.ctx.is_leak(caller, marker, before, r, other).await {
+        Ok(l) => Some(l),
+        Err(e) => {
+            rec.probe_failed(e);
+            None
+        }
+    }
+}
+
 async fn other_caller(rec: &mut Rec) {
+    let (alice, bob) = (rec.ctx.name(0).to_owned(), rec.ctx.name(1).to_owned());
     let key = rec.ctx.key();
     let Some((alice_req, alice_first, alice_marker)) = fresh(rec, 0, &key).await else {
         return;
@@ -32,73 +66,85 @@ async fn other_caller(rec: &mut Rec) {
     // Bob, same key, his own operation.
     let bob_marker = rec.ctx.marker();
     let bob_body = rec.ctx.body(1, &bob_marker);
-    let bob_req = rec.ctx.op(1, Some(&key), &bob_body);
+    let bob_req = rec.ctx.op(1, Some(&key), &bob_marker, &bob_body);
     let Some(b1) = rec
-        .send(&format!("bob sends his own operation with {a}"), &bob_req)
+        .send(&format!("{bob} sends its own operation with {a}"), &bob_req)
         .await
     else {
         return;
     };
-    let m = &rec.ctx.manifest;
-    let conflict = is_error(m, &b1, ErrorCode::IdempotencyKeyMismatch)
-        || is_error(m, &b1, ErrorCode::IdempotencyKeyInUse);
+    let Some(leak) = leaked(rec, 1, &bob_marker, 0, &b1, &alice_first).await else {
+        return;
+    };
     rec.check(
         "idem.scope.caller",
-        (200..300).contains(&b1.status) && !conflict,
-        "a fresh execution of bob's operation",
-        b1.summary(),
-    );
-    rec.check(
-        "idem.scope.caller",
-        b1.body != alice_first.body,
-        "never alice's stored response",
-        if b1.body == alice_first.body {
-            "alice's response body".to_owned()
+        !leak,
+        format!("never {alice}'s stored response"),
+        if leak {
+            format!("{}: {alice}'s response body", b1.summary())
         } else {
-            "a different body".to_owned()
+            b1.summary()
         },
     );
-    rec.check_effects(
+    rec.headline(format!(
+        "{bob}, sending {alice}'s key, got {alice}'s stored response"
+    ));
+    if !leak {
+        rec.check_as(
+            "idem.scope.caller",
+            Class::Semantics,
+            rec.ctx.executed(&b1, Some(&alice_first)),
+            format!(
+                "a fresh execution of {bob}'s operation: {alice}'s key does not block or refuse it"
+            ),
+            b1.summary(),
+        );
+    }
+    rec.check_effects_as(
         "idem.scope.caller",
+        Class::Semantics,
         1,
         &bob_marker,
         &[&b1],
         1,
-        "bob's operation executes once",
+        &format!("{bob}'s operation executes once"),
     )
     .await;
-    rec.check_effects(
+    rec.check_effects_as(
         "idem.scope.caller",
+        Class::Semantics,
         0,
         &alice_marker,
         &[&alice_first],
         1,
-        "alice's operation executed once",
+        &format!("{alice}'s operation executed once"),
     )
     .await;
-    // Alice again: still her own stored response, not bob's.
+    // Alice again: her own stored response, never bob's.
     let Some(a2) = rec
-        .send(&format!("alice resends R1 with {a}"), &alice_req)
+        .send(&format!("{alice} resends R1 with {a}"), &alice_req)
         .await
     else {
         return;
     };
+    // Her operation executed already: bob's bytes, where they differ from
+    // hers, are his.
+    let leak =
+        (200..300).contains(&a2.status) && a2.same_outcome(&b1) && !b1.same_outcome(&alice_first);
     rec.check(
         "idem.scope.caller",
-        a2.same_outcome(&alice_first),
-        "alice's own stored response",
+        !leak,
+        format!("never {bob}'s response"),
         a2.summary(),
     );
-    rec.check(
-        "idem.replay.marker",
-        a2.replayed(),
-        "Idempotent-Replayed: true",
-        a2.summary(),
-    );
+    rec.headline(format!("{alice}'s retry got {bob}'s response"));
+    if !leak {
+        check_replay(rec, &alice_first, &a2, &format!("{alice}'s own replay"));
+    }
     // Bob sends alice's exact bytes (his credentials) with a second key that
     // alice has used: whatever bob's answer is, it is not alice's.
     let key2 = rec.ctx.key();
-    let Some((alice2_req, alice2_first, _)) = fresh(rec, 0, &key2).await else {
+    let Some((alice2_req, alice2_first, alice2_marker)) = fresh(rec, 0, &key2).await else {
         return;
     };
     let a2k = rec.alias(&key2);
@@ -114,23 +160,52 @@ async fn other_caller(rec: &mut Rec) {
         .headers
         .retain(|(n, _)| !alice_auth.contains(&n.to_ascii_lowercase()));
     bob_copy.headers.extend(rec.ctx.auth(1));
+    // What the probe shows for the marker before bob sends, as bob sees it:
+    // his own execution moves it; a replay of alice's response does not.
+    rec.ctx.remember_key(&alice2_marker, &key2);
+    let before = match rec.ctx.effects(1, &alice2_marker, &[&alice2_first]).await {
+        Ok(n) => n,
+        Err(e) => {
+            rec.probe_failed(e);
+            return;
+        }
+    };
     let Some(b2) = rec
         .send(
-            &format!("bob sends alice's exact request with {a2k}"),
+            &format!("{bob} sends {alice}'s exact request with {a2k}"),
             &bob_copy,
         )
         .await
     else {
         return;
     };
-    let m = &rec.ctx.manifest;
-    let leaked = b2.same_outcome(&alice2_first);
-    let conflict = is_error(m, &b2, ErrorCode::IdempotencyKeyMismatch)
-        || is_error(m, &b2, ErrorCode::IdempotencyKeyInUse);
+    let Some(leak) = leaked(rec, 1, &alice2_marker, before, &b2, &alice2_first).await else {
+        return;
+    };
     rec.check(
         "idem.scope.caller",
-        !leaked && !conflict,
-        "bob's own answer: not a replay of alice's, not a key conflict",
-        b2.summary(),
+        !leak,
+        format!("{bob}'s own answer: not a replay of {alice}'s"),
+        if leak {
+            format!("{}: {alice}'s response, byte for byte", b2.summary())
+        } else {
+            b2.summary()
+        },
     );
+    rec.headline(format!(
+        "{bob}, sending {alice}'s exact request with that key, got the stored response"
+    ));
+    if !leak {
+        // Bob may be refused for his own reasons (the accounts in alice's
+        // body are not his); only a key conflict is the key's doing.
+        let conflict = rec.ctx.is(&b2, ErrorCode::IdempotencyKeyMismatch)
+            || rec.ctx.is(&b2, ErrorCode::IdempotencyKeyInUse);
+        rec.check_as(
+            "idem.scope.caller",
+            Class::Semantics,
+            !conflict,
+            format!("{bob}'s own answer, not a key conflict caused by {alice}"),
+            b2.summary(),
+        );
+    }
 }

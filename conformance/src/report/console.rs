@@ -1,9 +1,12 @@
-//! The console report: one line per case, the explanation of every case
-//! that did not pass, and the summary last (where CI logs end).
+//! The console report: the safety headlines first, one line per case, the
+//! explanation of every case that did not pass, and the summary last (where
+//! CI logs end).
 
 use std::fmt::Write;
 
 use idem_spec::report::{Report, Verdict};
+
+use super::tag;
 
 /// Renders the console report.
 pub fn render(r: &Report) -> String {
@@ -13,6 +16,17 @@ pub fn render(r: &Report) -> String {
         "idem-conformance {} against {} ({})",
         r.kit_version, r.target, r.base_url
     );
+    let _ = writeln!(
+        s,
+        "preflight: {} step(s) passed before any case ran",
+        r.preflight.len()
+    );
+    if !r.headlines.is_empty() {
+        let _ = writeln!(s);
+        for h in &r.headlines {
+            let _ = writeln!(s, "UNSAFE {} ({}): {}", h.clause, h.case, h.text);
+        }
+    }
     let mut family = "";
     for c in &r.cases {
         if c.family != family {
@@ -22,8 +36,8 @@ pub fn render(r: &Report) -> String {
         let waived = if c.waived.is_some() { " (waived)" } else { "" };
         let _ = writeln!(
             s,
-            "  {:<12} {:<26} {:<6} {}{waived}",
-            tag(c.verdict),
+            "  {:<17} {:<26} {:<6} {}{waived}",
+            tag(c),
             c.id,
             c.tier.as_str(),
             c.title
@@ -37,7 +51,7 @@ pub fn render(r: &Report) -> String {
     if !details.is_empty() {
         let _ = writeln!(s, "\n── details ──");
         for c in details {
-            let _ = writeln!(s, "\n{} {} — {}", tag(c.verdict), c.id, c.title);
+            let _ = writeln!(s, "\n{} {} — {}", tag(c), c.id, c.title);
             for l in super::explain(c) {
                 let _ = writeln!(s, "  {l}");
             }
@@ -68,8 +82,8 @@ pub fn render(r: &Report) -> String {
             );
         }
     }
-    let by = |v: Verdict| r.clauses.iter().filter(|c| c.verdict == v).count();
     let sm = &r.summary;
+    let cv = &sm.clause_verdicts;
     let _ = writeln!(s, "\n── summary ──");
     let _ = writeln!(
         s,
@@ -78,28 +92,28 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "clauses: {} pass, {} fail, {} non-strict, {} inconclusive, {} unsupported, {} error (of {} server clauses)",
-        by(Verdict::Pass),
-        by(Verdict::Fail),
-        by(Verdict::NonStrict),
-        by(Verdict::Inconclusive),
-        by(Verdict::Unsupported),
-        by(Verdict::Error),
+        "clauses: {} pass, {} fail, {} non-strict, {} unchecked (of {} server clauses)",
+        cv.pass,
+        cv.fail,
+        cv.non_strict,
+        cv.unchecked,
         r.clauses.len()
     );
-    if !sm.must_clauses_failed.is_empty() {
-        let _ = writeln!(
-            s,
-            "MUST clauses failed: {}",
-            sm.must_clauses_failed.join(", ")
-        );
+    for (class, list) in [
+        ("safety", &sm.unsafe_clauses),
+        ("semantics", &sm.semantics_clauses),
+        ("interop", &sm.interop_clauses),
+    ] {
+        if !list.is_empty() {
+            let _ = writeln!(s, "failed ({class}): {}", list.join(", "));
+        }
     }
     if sm.stale_waivers > 0 {
         let _ = writeln!(s, "stale waivers: {}", sm.stale_waivers);
     }
     let _ = writeln!(
         s,
-        "kit {} · contract {} · profile {} · manifest sha256 {} · run {} · seed {} · {} requests ({} state-changing) in {} ms",
+        "kit {} · contract {} · profile {} · manifest sha256 {} · run {} · seed {} · {} requests ({} state-changing) in {:.1} s",
         r.kit_version,
         r.contract_version,
         r.profile,
@@ -108,21 +122,21 @@ pub fn render(r: &Report) -> String {
         r.seed,
         r.requests,
         r.side_effect_requests,
-        r.duration_ms
+        r.duration_ms as f64 / 1000.0
     );
     let _ = writeln!(
         s,
         "result: {} (exit {})",
-        match sm.exit_code {
-            0 => "CONFORMS (no MUST clause failed)",
-            1 => "DOES NOT CONFORM (a MUST clause failed)",
-            _ => "HARNESS ERROR (see errors above)",
+        match sm.result {
+            idem_spec::report::Outcome::Conforms => "CONFORMS (no MUST clause failed)",
+            idem_spec::report::Outcome::Unsafe =>
+                "UNSAFE (a safety clause failed: see the lines headed UNSAFE)",
+            idem_spec::report::Outcome::HarnessError =>
+                "HARNESS ERROR (the kit could not finish; see the errors above)",
+            idem_spec::report::Outcome::Deviates =>
+                "DEVIATES (behaves safely; semantics or interop clauses failed)",
         },
         sm.exit_code
     );
     s
-}
-
-fn tag(v: Verdict) -> String {
-    format!("[{}]", v.as_str().to_uppercase())
 }

@@ -32,7 +32,9 @@ fn badge(v: Verdict) -> String {
     )
 }
 
-/// Renders the HTML report.
+/// Renders the HTML report. Every count sits in an element with a
+/// `data-count` attribute (`id="count-..."`), so tools (and the kit's own
+/// agreement test) can read them without parsing prose.
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
     let _ = write!(
@@ -41,23 +43,37 @@ pub fn render(r: &Report) -> String {
 <style>body{{font:14px system-ui,sans-serif;margin:2em;max-width:1200px}}table{{border-collapse:collapse;width:100%}}\
 td,th{{border:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top}}th{{background:#f5f5f5}}\
 .b{{color:#fff;border-radius:3px;padding:1px 6px;font-size:12px;white-space:nowrap}}pre{{background:#f7f7f7;padding:8px;overflow-x:auto;white-space:pre-wrap}}\
-details{{margin:4px 0}}code{{font-size:12px}}</style></head><body>",
+details{{margin:4px 0}}code{{font-size:12px}}.unsafe{{color:#c62828;font-weight:bold}}</style></head><body>",
         esc(&r.target)
     );
     let sm = &r.summary;
-    let result = match sm.exit_code {
-        0 => "conforms: no MUST clause failed",
-        1 => "does not conform: a MUST clause failed",
-        _ => "harness error",
-    };
     let _ = write!(
         s,
-        "<h1>{}</h1><p><b>{}</b> (exit {})</p><table><tr><th>base URL</th><td>{}</td><th>profile</th><td>{}</td></tr>\
-<tr><th>kit</th><td>{}</td><th>contract</th><td>{}</td></tr><tr><th>manifest sha256</th><td><code>{}</code></td><th>run / seed</th><td>{} / {}</td></tr>\
-<tr><th>requests</th><td>{} ({} state-changing)</td><th>duration</th><td>{} ms</td></tr></table>",
+        "<h1>{}</h1><p id=\"result\" data-result=\"{}\"><b>{}</b> (exit {})</p>",
         esc(&r.target),
-        result,
-        sm.exit_code,
+        sm.result.as_str(),
+        sm.result.as_str(),
+        sm.exit_code
+    );
+    if !r.headlines.is_empty() {
+        let _ = write!(s, "<ul id=\"headlines\">");
+        for h in &r.headlines {
+            let _ = write!(
+                s,
+                "<li class=\"unsafe\">UNSAFE <code>{}</code> (<a href=\"#{}\">{}</a>): {}</li>",
+                esc(&h.clause),
+                esc(&h.case),
+                esc(&h.case),
+                esc(&h.text)
+            );
+        }
+        let _ = write!(s, "</ul>");
+    }
+    let _ = write!(
+        s,
+        "<table><tr><th>base URL</th><td>{}</td><th>profile</th><td>{}</td></tr>\
+<tr><th>kit</th><td>{}</td><th>contract</th><td>{}</td></tr><tr><th>manifest sha256</th><td><code>{}</code></td><th>run / seed</th><td>{} / {}</td></tr>\
+<tr><th>requests</th><td>{} ({} state-changing)</td><th>duration</th><td>{:.1} s</td></tr></table>",
         esc(&r.base_url),
         esc(&r.profile),
         esc(&r.kit_version),
@@ -67,23 +83,36 @@ details{{margin:4px 0}}code{{font-size:12px}}</style></head><body>",
         r.seed,
         r.requests,
         r.side_effect_requests,
-        r.duration_ms
+        r.duration_ms as f64 / 1000.0
+    );
+    let count = |id: &str, n: usize, label: &str| {
+        format!("<span id=\"count-{id}\" data-count=\"{n}\">{n} {label}</span>")
+    };
+    let cv = &sm.clause_verdicts;
+    let _ = write!(
+        s,
+        "<p>cases: {}, {}, {}, {}, {}, {}</p><p>clauses: {}, {}, {}, {}</p><p>failed clauses: {}, {}, {}</p>",
+        count("cases-pass", sm.pass as usize, "pass"),
+        count("cases-fail", sm.fail as usize, "fail"),
+        count("cases-non-strict", sm.non_strict as usize, "non-strict"),
+        count(
+            "cases-inconclusive",
+            sm.inconclusive as usize,
+            "inconclusive"
+        ),
+        count("cases-unsupported", sm.unsupported as usize, "unsupported"),
+        count("cases-error", sm.error as usize, "error"),
+        count("clauses-pass", cv.pass as usize, "pass"),
+        count("clauses-fail", cv.fail as usize, "fail"),
+        count("clauses-non-strict", cv.non_strict as usize, "non-strict"),
+        count("clauses-unchecked", cv.unchecked as usize, "unchecked"),
+        count("safety", sm.unsafe_clauses.len(), "safety"),
+        count("semantics", sm.semantics_clauses.len(), "semantics"),
+        count("interop", sm.interop_clauses.len(), "interop"),
     );
     let _ = write!(
         s,
-        "<p>cases: {} pass, {} fail, {} non-strict, {} inconclusive, {} unsupported, {} error</p>",
-        sm.pass, sm.fail, sm.non_strict, sm.inconclusive, sm.unsupported, sm.error
-    );
-    if !sm.must_clauses_failed.is_empty() {
-        let _ = write!(
-            s,
-            "<p><b>MUST clauses failed:</b> {}</p>",
-            esc(&sm.must_clauses_failed.join(", "))
-        );
-    }
-    let _ = write!(
-        s,
-        "<h2>Clauses</h2><table><tr><th>clause</th><th>level</th><th>verdict</th><th>cases</th><th>title</th></tr>"
+        "<h2>Clauses</h2><table><tr><th>clause</th><th>level</th><th>class</th><th>verdict</th><th>cases</th><th>title</th></tr>"
     );
     for c in &r.clauses {
         let links: Vec<String> = c
@@ -91,12 +120,22 @@ details{{margin:4px 0}}code{{font-size:12px}}</style></head><body>",
             .iter()
             .map(|id| format!("<a href=\"#{0}\">{0}</a>", esc(id)))
             .collect();
+        let verdict = match (c.verdict, &c.failed_class) {
+            (Some(v), Some(class)) => format!("{} <small>{class}</small>", badge(v)),
+            (Some(v), None) => badge(v),
+            (None, _) => format!(
+                "<span class=\"b\" style=\"background:#bdbdbd\">unchecked</span> <small>{}</small>",
+                esc(c.unchecked.as_deref().unwrap_or(""))
+            ),
+        };
         let _ = write!(
             s,
-            "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            "<tr class=\"clause-row\" data-verdict=\"{}\"><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            c.verdict.map_or("unchecked", |v| v.as_str()),
             esc(&c.id),
             c.level.as_str(),
-            badge(c.verdict),
+            c.class.as_str(),
+            verdict,
             links.join(" "),
             esc(&c.title)
         );
@@ -110,15 +149,20 @@ details{{margin:4px 0}}code{{font-size:12px}}</style></head><body>",
             .waived
             .as_ref()
             .map_or(String::new(), |w| format!(" <i>(waived: {})</i>", esc(w)));
+        let class = super::failed_class(c)
+            .filter(|_| c.verdict == Verdict::Fail)
+            .map_or(String::new(), |k| format!(" <small>{k}</small>"));
         let _ = write!(
             s,
-            "<tr id=\"{0}\"><td><code>{0}</code></td><td>{1}</td><td>{2}{3}</td><td><code>{4}</code></td><td>{5}",
+            "<tr id=\"{0}\" class=\"case-row\" data-verdict=\"{6}\"><td><code>{0}</code></td><td>{1}</td><td>{2}{7}{3}</td><td><code>{4}</code></td><td>{5}",
             esc(&c.id),
             c.tier.as_str(),
             badge(c.verdict),
             waived,
             esc(&c.clauses.join(", ")),
-            esc(&c.title)
+            esc(&c.title),
+            c.verdict.as_str(),
+            class
         );
         let lines = super::explain(c);
         if !lines.is_empty() {

@@ -1,6 +1,8 @@
 //! JUnit XML: one suite per clause family, one test case per case.
-//! Fail and error map to JUnit failure and error; unsupported and
-//! inconclusive are skipped (never passed); non-strict passes with a note.
+//! An unwaived fail and error map to JUnit failure and error; unsupported,
+//! inconclusive and waived cases are skipped (never passed); non-strict
+//! passes with a note. The run's result and the failing classes are
+//! properties of every suite.
 
 use std::time::Duration;
 
@@ -21,6 +23,8 @@ pub fn render(r: &Report) -> Result<String, crate::Error> {
         suite.add_property(("kit_version", r.kit_version.as_str()));
         suite.add_property(("manifest_sha256", r.manifest_sha256.as_str()));
         suite.add_property(("seed", r.seed.to_string().as_str()));
+        suite.add_property(("result", r.summary.result.as_str()));
+        suite.add_property(("exit_code", r.summary.exit_code.to_string().as_str()));
         for c in r.cases.iter().filter(|c| c.family == fam) {
             let explanation = super::explain(c).join("\n");
             let mut status = match (c.verdict, &c.waived) {
@@ -30,8 +34,11 @@ pub fn render(r: &Report) -> Result<String, crate::Error> {
                 _ => TestCaseStatus::skipped(),
             };
             if c.verdict != Verdict::Pass {
+                let class = super::failed_class(c)
+                    .filter(|_| c.verdict == Verdict::Fail)
+                    .map_or(String::new(), |k| format!(" ({k})"));
                 status.set_message(format!(
-                    "{}{}",
+                    "{}{class}{}",
                     c.verdict,
                     c.reason
                         .as_ref()
@@ -44,6 +51,9 @@ pub fn render(r: &Report) -> Result<String, crate::Error> {
             tc.set_time(Duration::from_millis(c.duration_ms));
             tc.add_property(("clauses", c.clauses.join(",").as_str()));
             tc.add_property(("verdict", c.verdict.as_str()));
+            if let Some(k) = super::failed_class(c).filter(|_| c.verdict == Verdict::Fail) {
+                tc.add_property(("class", k.as_str()));
+            }
             if c.verdict == Verdict::NonStrict {
                 tc.set_system_out(explanation);
             }

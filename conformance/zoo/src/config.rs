@@ -164,6 +164,23 @@ impl Defect {
         }
     }
 
+    /// The class of the failure the defect causes: what the kit must call
+    /// it. A defect the kit can only see as a spelling (the quoted and bare
+    /// spellings of one key) is `interop`; one a caller notices without
+    /// harm (a replay that is not the stored response) `semantics`.
+    pub fn class(self) -> idem_spec::clauses::Class {
+        use idem_spec::clauses::Class;
+        match self {
+            Self::RaceDoubleExecution
+            | Self::GlobalKeySpace
+            | Self::SilentMismatchReplay
+            | Self::ServerErrorStored
+            | Self::ClientErrorReexecuted => Class::Safety,
+            Self::BrokenReplayAfterCompletion | Self::ReplayHeadersDropped => Class::Semantics,
+            Self::QuotedKeyDistinct => Class::Interop,
+        }
+    }
+
     /// The contract clause (id in `spec/generated/clauses.json`) this defect
     /// breaks first and foremost.
     pub fn clause(self) -> &'static str {

@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use config::{Defect, Dialect, ZooConfig};
-pub use server::Gate;
+pub use server::{Gate, MAX_BODY};
 
 /// The `amount` that makes the handler fail with 500 after its claim,
 /// committing nothing (a manifest's `server_error_body`).

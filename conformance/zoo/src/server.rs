@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use idem_spec::fingerprint::Fingerprint;
@@ -99,7 +100,35 @@ pub(crate) fn build(config: ZooConfig, gate: Option<Gate>) -> Router {
         .route(EXECUTIONS_PATH, get(count_executions))
         .fallback(unknown_route)
         .method_not_allowed_fallback(unsupported_method)
+        .layer(middleware::from_fn_with_state(
+            shared.clone(),
+            refuse_oversized,
+        ))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(shared)
+}
+
+/// The largest request body the zoo reads.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// Refuses a request whose declared `Content-Length` is over [`MAX_BODY`]
+/// with 413 at once, before any key is claimed and without waiting for the
+/// body (`idem.failure.before-claim`): a client that declared 64 MiB need
+/// not send it to learn the answer.
+async fn refuse_oversized(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        let mut r = error(s.config.dialect, Kind::TooLarge).into_response();
+        // The rest of the body is never read: say so, and close.
+        r.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return r;
+    }
+    next.run(req).await
 }
 
 struct Shared {
@@ -457,6 +486,8 @@ enum Kind {
     NotFound,
     UnknownRoute,
     UnsupportedMethod,
+    /// A declared body over the limit, refused before the claim.
+    TooLarge,
 }
 
 impl Kind {
@@ -472,6 +503,7 @@ impl Kind {
             Self::Internal => ErrorCode::InternalError,
             Self::NotFound | Self::UnknownRoute => ErrorCode::NotFound,
             Self::UnsupportedMethod => ErrorCode::MethodNotAllowed,
+            Self::TooLarge => ErrorCode::PayloadTooLarge,
         }
     }
 
@@ -488,6 +520,7 @@ impl Kind {
             Self::NotFound => "no such order".into(),
             Self::UnknownRoute => "no such route".into(),
             Self::UnsupportedMethod => "method not supported".into(),
+            Self::TooLarge => format!("request bodies are limited to {MAX_BODY} bytes"),
         }
     }
 }
@@ -511,6 +544,7 @@ fn error(dialect: Dialect, kind: Kind) -> Stored {
             Kind::NotFound => 404,
             Kind::UnknownRoute => dialect.unknown_route_status(),
             Kind::UnsupportedMethod => dialect.unsupported_method_status(),
+            Kind::TooLarge => 413,
         };
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
         Stored::json(status, "application/json", &json!({"error": detail}))

@@ -510,6 +510,14 @@ fn names_round_trip_and_clauses_exist() {
             "{d}: clause {} exists",
             d.clause()
         );
+        // A defect's class is never worse than its clause's.
+        let clause = idem_spec::clauses::get(d.clause()).expect("registered");
+        assert!(
+            d.class() <= clause.class,
+            "{d}: {} vs {}",
+            d.class(),
+            clause.class
+        );
     }
     assert!("no-such-defect".parse::<Defect>().is_err());
 }
@@ -622,4 +630,36 @@ async fn plain_json_400_tells_its_three_400s_apart_by_the_documented_texts() {
         assert!(error.starts_with(text), "{error:?} starts with {text:?}");
     }
     t.zoo.shutdown().await;
+}
+
+// clause: idem.failure.before-claim
+#[tokio::test]
+async fn an_oversized_declared_body_is_refused_at_once_and_leaves_the_key_free() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for dialect in Dialect::ALL {
+        let t = Target::start(dialect, None, 0).await;
+        let m = marker("oversize");
+        let addr = t.zoo.base_url.trim_start_matches("http://").to_owned();
+        let mut sock = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        // Declares 64 MiB, sends 16 bytes, then waits: an early answer is
+        // the only way this read ends before the bound.
+        let head = format!(
+            "POST /v1/orders HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer zoo-alice\r\nIdempotency-Key: k-big\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{\"amount\": 7,   ",
+            64 << 20
+        );
+        sock.write_all(head.as_bytes()).await.expect("write");
+        let mut buf = [0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), sock.read(&mut buf))
+            .await
+            .expect("answered before the body arrived")
+            .expect("read");
+        let line = String::from_utf8_lossy(&buf[..n]);
+        assert!(line.starts_with("HTTP/1.1 413"), "{dialect}: {line}");
+        let fresh = t.post("alice", Some("k-big"), &order(7, &m)).await;
+        assert_eq!(fresh.status, 201, "{dialect}: the key was never claimed");
+        assert_eq!(t.executions(&m).await, 1, "{dialect}");
+        t.zoo.shutdown().await;
+    }
 }

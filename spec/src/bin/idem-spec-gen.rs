@@ -92,7 +92,13 @@ fn coverage(root: &Path, uncited_only: bool) -> Result<(), String> {
         if uncited_only && !cites.is_empty() {
             continue;
         }
-        println!("{} [{}] {}", clause.id, clause.level.as_str(), clause.title);
+        println!(
+            "{} [{} {}] {}",
+            clause.id,
+            clause.level.as_str(),
+            clause.class.as_str(),
+            clause.title
+        );
         if cites.is_empty() {
             println!("    (not cited by any test)");
         }
@@ -102,7 +108,12 @@ fn coverage(root: &Path, uncited_only: bool) -> Result<(), String> {
             } else {
                 format!(" {}", c.item)
             };
-            println!("    {}{item}", c.location);
+            let kind = match c.kind {
+                clauses::CitationKind::Test => "test",
+                clauses::CitationKind::Case => "kit case",
+                clauses::CitationKind::Literal => "data",
+            };
+            println!("    {} ({kind}){item}", c.location);
         }
     }
     Ok(())

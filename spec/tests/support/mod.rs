@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use idem_spec::clauses::{self, Citation};
+use idem_spec::clauses::{self, Citation, CitationKind};
 
 /// Files never scanned for citations: the scanner's own unit tests use
 /// made-up IDs on purpose.
@@ -153,7 +153,38 @@ fn cited_by<'a>(id: &str, citations: &'a [Citation]) -> Vec<&'a Citation> {
     citations.iter().filter(|c| c.id == id).collect()
 }
 
-/// Renders one page: labels to anchors, the index marker to a table.
+/// The tests citing `id`: `clause:` markers, one per (file, test), in
+/// workspace order. IDs used as data are not tests and are not counted.
+pub fn tests_citing<'a>(id: &str, citations: &'a [Citation]) -> Vec<&'a Citation> {
+    let mut seen = std::collections::BTreeSet::new();
+    citations
+        .iter()
+        .filter(|c| c.id == id && c.kind == CitationKind::Test)
+        .filter(|c| {
+            let file = c.location.rsplit_once(':').map_or("", |(f, _)| f);
+            seen.insert((file.to_owned(), c.item.clone()))
+        })
+        .collect()
+}
+
+/// The conformance cases whose clause lists cite `id`.
+pub fn cases_citing(id: &str, citations: &[Citation]) -> Vec<String> {
+    let mut cases: Vec<String> = citations
+        .iter()
+        .filter(|c| c.id == id && c.kind == CitationKind::Case)
+        .map(|c| c.item.clone())
+        .collect();
+    cases.dedup();
+    cases
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// Renders one page: labels to anchors (with the clause's class and how
+/// many tests and kit cases check it), `{{#idem-clause-index}}` to the
+/// clause table, and `{{#idem-tests ID}}` to the list of tests citing ID.
 pub fn render_page(content: &str, citations: &[Citation]) -> String {
     let mut out = String::with_capacity(content.len());
     let mut in_fence = false;
@@ -168,15 +199,23 @@ pub fn render_page(content: &str, citations: &[Citation]) -> String {
             .filter(|id| clauses::is_valid_id(id));
         if let Some(id) = label {
             let anchor = clauses::anchor_id(id);
-            let n = cited_by(id, citations).len();
+            let class = clauses::class_of(id).map_or("unclassified", |c| c.as_str());
+            let tests = tests_citing(id, citations).len();
+            let cases = cases_citing(id, citations).len();
+            let mut by = format!("checked by {}", plural(tests, "test", "tests"));
+            if cases > 0 {
+                by.push_str(&format!(" and {}", plural(cases, "kit case", "kit cases")));
+            }
             // A blank line after the HTML block, so the clause's paragraph
             // is still rendered as Markdown.
             out.push_str(&format!(
-                "<div class=\"clause\" id=\"{anchor}\"><a href=\"#{anchor}\">[{id}]</a> <small>checked by {n} test{}</small></div>\n\n",
-                if n == 1 { "" } else { "s" }
+                "<div class=\"clause\" id=\"{anchor}\"><a href=\"#{anchor}\">[{id}]</a> <small>{class} · {by}</small></div>\n\n"
             ));
         } else if !in_fence && t == "{{#idem-clause-index}}" {
             out.push_str(&clause_index(citations));
+        } else if !in_fence && line.contains("{{#idem-tests ") {
+            out.push_str(&expand_tests(line, citations));
+            out.push('\n');
         } else {
             out.push_str(line);
             out.push('\n');
@@ -185,38 +224,80 @@ pub fn render_page(content: &str, citations: &[Citation]) -> String {
     out
 }
 
+/// Replaces each `{{#idem-tests ID}}` in a line with the tests outside the
+/// conformance kit that cite ID (the reference server's, the client's),
+/// or a note that there are none.
+fn expand_tests(line: &str, citations: &[Citation]) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(start) = rest.find("{{#idem-tests ") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + "{{#idem-tests ".len()..];
+        let Some(end) = after.find("}}") else {
+            out.push_str(&rest[start..]);
+            return out;
+        };
+        let id = after[..end].trim();
+        let tests: Vec<String> = tests_citing(id, citations)
+            .into_iter()
+            .filter(|c| !c.location.starts_with("conformance/"))
+            .map(|c| {
+                let file = c.location.rsplit_once(':').map_or("", |(f, _)| f);
+                format!("`{}` ({file})", c.item)
+            })
+            .collect();
+        out.push_str(&if tests.is_empty() {
+            "no test cites it".to_owned()
+        } else {
+            tests.join(", ")
+        });
+        rest = &after[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
 fn clause_index(citations: &[Citation]) -> String {
     let mut s = String::from(
-        "| Clause | Level | Binds | Statement | Checked by |\n|---|---|---|---|---|\n",
+        "| Clause | Level | Class | Binds | Statement | Kit cases | Tests |\n|---|---|---|---|---|---|---|\n",
     );
     for c in clauses::all() {
-        let cites = cited_by(&c.id, citations);
-        let by: Vec<String> = cites
+        let tests: Vec<String> = tests_citing(&c.id, citations)
             .iter()
             .map(|x| {
+                let file = x.location.rsplit_once(':').map_or("", |(f, _)| f);
                 if x.item.is_empty() {
                     format!("`{}`", x.location)
                 } else {
-                    format!("`{}` ({})", x.item, x.location)
+                    format!("`{}` ({file})", x.item)
                 }
             })
+            .collect();
+        let cases: Vec<String> = cases_citing(&c.id, citations)
+            .iter()
+            .map(|id| format!("`{id}`"))
             .collect();
         let party = match c.party {
             clauses::Party::Server => "server",
             clauses::Party::Client => "client",
         };
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "—".to_owned()
+            } else {
+                v.join("<br>")
+            }
+        };
         s.push_str(&format!(
-            "| [`{}`]({}) | {} | {} | {} | {} |\n",
+            "| [`{}`]({}) | {} | {} | {} | {} | {} | {} |\n",
             c.id,
             c.anchor,
             c.level.as_str(),
+            c.class.as_str(),
             party,
-            c.title.replace('|', "\\|"),
-            if by.is_empty() {
-                "—".to_owned()
-            } else {
-                by.join("<br>")
-            }
+            c.text.replace('|', "\\|"),
+            list(&cases),
+            list(&tests),
         ));
     }
     s

@@ -1,0 +1,85 @@
+//! How long a full kit run takes against an API whose handler takes 200 ms
+//! (the zoo started with a 200 ms delay), for each dialect, and how much
+//! running cases side by side (`limits.parallel_cases`) buys.
+//!
+//! ```text
+//! cargo bench -p idem-conformance --bench zoo_delay
+//! ```
+//!
+//! The target is a full run in under 30 s; the bench prints each run's wall
+//! time, its result, and the ratio of the one-at-a-time run to the
+//! parallel one, and exits non-zero if a run misses the target. It is a
+//! measurement, not a test: CI runs the table test (`tests/zoo.rs`) with no
+//! delay instead.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use idem_conformance::{manifest, runner};
+use idem_zoo::{Dialect, ZooConfig};
+
+const DELAY: Duration = Duration::from_millis(200);
+const TARGET: Duration = Duration::from_secs(30);
+
+async fn measure(dialect: Dialect, parallel: Option<u32>) -> (Duration, String, u64) {
+    let zoo = idem_zoo::spawn(ZooConfig {
+        dialect,
+        defect: None,
+        delay: DELAY,
+    })
+    .await
+    .expect("zoo starts");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("zoo/manifests")
+        .join(format!("{dialect}.toml"));
+    let mut loaded = manifest::load(&path).expect("manifest");
+    loaded.manifest.target.base_url = zoo.base_url.clone();
+    if let Some(p) = parallel {
+        loaded.manifest.limits.parallel_cases = p;
+    }
+    let started = Instant::now();
+    let report = runner::run(
+        &loaded,
+        &runner::Options {
+            seed: Some(1),
+            only: None,
+            progress: false,
+            artifacts_dir: Some(std::env::temp_dir()),
+        },
+    )
+    .await
+    .expect("the preflight passes");
+    let took = started.elapsed();
+    zoo.shutdown().await;
+    (
+        took,
+        report.summary.result.as_str().to_owned(),
+        report.requests,
+    )
+}
+
+fn main() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut missed = false;
+    println!(
+        "a full run against the zoo with a {} ms handler:",
+        DELAY.as_millis()
+    );
+    for dialect in Dialect::ALL {
+        let (fast, result, requests) = rt.block_on(measure(dialect, None));
+        let (slow, _, _) = rt.block_on(measure(dialect, Some(1)));
+        missed |= fast > TARGET;
+        println!(
+            "  {:<15} {:>5.1} s ({result}, {requests} requests); one case at a time {:>5.1} s: {:.1}x",
+            dialect.as_str(),
+            fast.as_secs_f64(),
+            slow.as_secs_f64(),
+            slow.as_secs_f64() / fast.as_secs_f64()
+        );
+    }
+    println!("target: under {} s per run", TARGET.as_secs());
+    if missed {
+        eprintln!("a run missed the target");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,652 @@
+//! The kit against the hermetic zoo (`conformance/zoo`, in process): every
+//! wire dialect times every deliberate defect, over three seeds. The table
+//! it measures is printed in `conformance/README.md`, and this test fails
+//! when the README's copy differs (`IDEM_BLESS=1` rewrites it).
+//!
+//! What must hold in every cell:
+//! - without a defect, no `safety` or `semantics` failure, in any dialect;
+//!   the reference dialect conforms outright;
+//! - with a defect, a failure on the defect's own clause with the defect's
+//!   class, and no `safety` failure on any other clause;
+//! - no harness error; every case that ran carries a curl reproduction;
+//!   narratives use the manifest's caller names.
+//!
+//! The same file checks the preflight (each way it can fail stops the run
+//! before any case, with one sentence) and that the four reports agree on
+//! every count.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use idem_conformance::manifest::{self, Loaded};
+use idem_conformance::runner::{self, Options};
+use idem_spec::clauses::Class;
+use idem_spec::report::{Outcome, Report, Verdict};
+use idem_zoo::{Defect, Dialect, ZooConfig};
+
+const SEEDS: [u64; 3] = [1, 2, 3];
+
+/// The committed manifest for a dialect, pointed at a running zoo.
+fn manifest_for(dialect: Dialect, base_url: &str) -> Loaded {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("zoo/manifests")
+        .join(format!("{dialect}.toml"));
+    let mut loaded = manifest::load(&path).expect("the zoo's manifest loads");
+    loaded.manifest.target.base_url = base_url.to_owned();
+    loaded
+}
+
+async fn run_zoo(dialect: Dialect, defect: Option<Defect>, delay_ms: u64, seed: u64) -> Report {
+    let zoo = idem_zoo::spawn(ZooConfig {
+        dialect,
+        defect,
+        delay: Duration::from_millis(delay_ms),
+    })
+    .await
+    .expect("zoo starts");
+    let loaded = manifest_for(dialect, &zoo.base_url);
+    let r = runner::run(
+        &loaded,
+        &Options {
+            seed: Some(seed),
+            only: None,
+            progress: false,
+            artifacts_dir: Some(std::env::temp_dir()),
+        },
+    )
+    .await
+    .expect("the preflight passes against the zoo");
+    zoo.shutdown().await;
+    r
+}
+
+/// Unwaived failing checks, as (clause, class).
+fn failures(r: &Report) -> BTreeSet<(String, Class)> {
+    r.cases
+        .iter()
+        .filter(|c| c.waived.is_none())
+        .flat_map(|c| c.checks.iter())
+        .filter(|k| k.verdict == Verdict::Fail)
+        .map(|k| (k.clause.clone(), k.class))
+        .collect()
+}
+
+/// What one cell showed over its seeds.
+#[derive(Default)]
+struct Cell {
+    results: BTreeSet<&'static str>,
+    failures: BTreeSet<(String, Class)>,
+    problems: Vec<String>,
+}
+
+fn judge(dialect: Dialect, defect: Option<Defect>, seed: u64, r: &Report, cell: &mut Cell) {
+    let console = idem_conformance::report::console::render(r);
+    let mut problem = |what: String| {
+        cell.problems.push(format!(
+            "{dialect} × {} (seed {seed}): {what}",
+            name(defect)
+        ))
+    };
+    let fails = failures(r);
+    match defect {
+        None => {
+            let bad: Vec<_> = fails.iter().filter(|(_, c)| *c > Class::Interop).collect();
+            if !bad.is_empty() {
+                problem(format!("a correct API got {bad:?}\n{console}"));
+            }
+            if dialect == Dialect::Reference && r.summary.result != Outcome::Conforms {
+                problem(format!("the reference dialect does not conform\n{console}"));
+            }
+        }
+        Some(d) => {
+            if !fails.contains(&(d.clause().to_owned(), d.class())) {
+                problem(format!(
+                    "no {} failure on {}\n{console}",
+                    d.class(),
+                    d.clause()
+                ));
+            }
+            let elsewhere: Vec<_> = fails
+                .iter()
+                .filter(|(clause, class)| *class == Class::Safety && clause != d.clause())
+                .collect();
+            if !elsewhere.is_empty() {
+                problem(format!("safety blamed elsewhere: {elsewhere:?}\n{console}"));
+            }
+            let want = if d.class() == Class::Safety {
+                Outcome::Unsafe
+            } else {
+                Outcome::Deviates
+            };
+            if r.summary.result != want {
+                problem(format!(
+                    "result {} where {} was due\n{console}",
+                    r.summary.result.as_str(),
+                    want.as_str()
+                ));
+            }
+        }
+    }
+    for c in &r.cases {
+        if c.verdict == Verdict::Error {
+            problem(format!("{} errored: {:?}", c.id, c.reason));
+        }
+        if c.verdict != Verdict::Unsupported && c.reproduction.is_empty() {
+            problem(format!("{} has no curl reproduction", c.id));
+        }
+        let named_wrong = c
+            .narrative
+            .iter()
+            .chain(c.rerun.iter().flat_map(|x| x.narrative.iter()))
+            .find(|l| l.contains("alice") || l.contains("bob"));
+        if let Some(l) = named_wrong {
+            problem(format!(
+                "{}: a narrative names a caller the manifest does not: {l}",
+                c.id
+            ));
+        }
+    }
+    cell.results.insert(r.summary.result.as_str());
+    cell.failures.extend(fails);
+}
+
+fn name(defect: Option<Defect>) -> &'static str {
+    defect.map_or("none", Defect::as_str)
+}
+
+/// One README row per cell.
+fn row(dialect: Dialect, defect: Option<Defect>, cell: &Cell) -> String {
+    let list = |pick: &dyn Fn(Class) -> bool| {
+        let v: Vec<String> = cell
+            .failures
+            .iter()
+            .filter(|(_, c)| pick(*c))
+            .map(|(id, _)| format!("`{}`", id.trim_start_matches("idem.")))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if v.is_empty() {
+            "—".to_owned()
+        } else {
+            v.join(", ")
+        }
+    };
+    let own = defect.map_or("—".to_owned(), |d| {
+        format!(
+            "`{}` ({})",
+            d.clause().trim_start_matches("idem."),
+            d.class()
+        )
+    });
+    format!(
+        "| {dialect} | {} | {} | {own} | {} | {} | {} |",
+        name(defect),
+        cell.results.iter().copied().collect::<Vec<_>>().join(" / "),
+        list(&|c| c == Class::Safety),
+        list(&|c| c == Class::Semantics),
+        list(&|c| c == Class::Interop),
+    )
+}
+
+const BEGIN: &str = "<!-- zoo-table:begin (written by tests/zoo.rs; IDEM_BLESS=1 cargo test -p idem-conformance --test zoo) -->";
+const END: &str = "<!-- zoo-table:end -->";
+
+// clause: idem.concurrency.single-effect, idem.scope.caller, idem.fingerprint.mismatch, idem.failure.5xx-not-stored, idem.failure.final-outcomes, idem.replay.verbatim, idem.key.syntax
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_dialect_and_defect_is_judged_by_behaviour_not_spelling() {
+    let started = Instant::now();
+    let mut cells = Vec::new();
+    for dialect in Dialect::ALL {
+        for defect in std::iter::once(None).chain(Defect::ALL.map(Some)) {
+            cells.push((dialect, defect));
+        }
+    }
+    // Four cells at a time, each on its own zoo.
+    let mut set = tokio::task::JoinSet::new();
+    let mut done: BTreeMap<usize, (Dialect, Option<Defect>, Cell)> = BTreeMap::new();
+    let mut next = cells.into_iter().enumerate();
+    loop {
+        while set.len() < 4 {
+            let Some((i, (dialect, defect))) = next.next() else {
+                break;
+            };
+            set.spawn(async move {
+                let mut cell = Cell::default();
+                for seed in SEEDS {
+                    let r = run_zoo(dialect, defect, 0, seed).await;
+                    judge(dialect, defect, seed, &r, &mut cell);
+                }
+                (i, dialect, defect, cell)
+            });
+        }
+        let Some(joined) = set.join_next().await else {
+            break;
+        };
+        let (i, dialect, defect, cell) = joined.expect("cell task");
+        done.insert(i, (dialect, defect, cell));
+    }
+    let elapsed = started.elapsed();
+    let problems: Vec<&String> = done
+        .values()
+        .flat_map(|(_, _, c)| c.problems.iter())
+        .collect();
+    let mut table = vec![
+        "| Dialect | Defect | Result | Own clause (class) | Safety failures | Semantics failures | Interop findings |".to_owned(),
+        "|---|---|---|---|---|---|---|".to_owned(),
+    ];
+    table.extend(done.values().map(|(d, f, c)| row(*d, *f, c)));
+    let table = table.join("\n");
+    eprintln!(
+        "{table}\n\n{} cells × {} seeds in {:.1} s",
+        done.len(),
+        SEEDS.len(),
+        elapsed.as_secs_f64()
+    );
+    assert!(
+        problems.is_empty(),
+        "{} problem(s):\n{}",
+        problems.len(),
+        problems
+            .iter()
+            .map(|p| p.as_str())
+            .collect::<Vec<_>>()
+            .join("\n\n")
+    );
+    let readme_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let readme = std::fs::read_to_string(&readme_path).expect("README");
+    let (Some(b), Some(e)) = (readme.find(BEGIN), readme.find(END)) else {
+        panic!("conformance/README.md has no {BEGIN} ... {END} block");
+    };
+    let fresh = format!("{BEGIN}\n{table}\n{END}");
+    if readme[b..e + END.len()] != fresh {
+        if std::env::var_os("IDEM_BLESS").is_some() {
+            let updated = format!("{}{fresh}{}", &readme[..b], &readme[e + END.len()..]);
+            std::fs::write(&readme_path, updated).expect("write README");
+        } else {
+            panic!(
+                "the README's zoo table differs from the measured one; rerun with IDEM_BLESS=1 to update it:\n{table}"
+            );
+        }
+    }
+}
+
+/// Reads `data-count="N"` of the element with `id="count-NAME"`.
+fn html_count(html: &str, name: &str) -> usize {
+    let at = html
+        .find(&format!("id=\"count-{name}\""))
+        .unwrap_or_else(|| panic!("no count-{name} in the HTML report"));
+    html[at..]
+        .split("data-count=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .and_then(|n| n.parse().ok())
+        .expect("a number")
+}
+
+/// The numbers of a console line like `cases:   3 pass, 1 fail, ...`.
+fn console_numbers(console: &str, prefix: &str) -> Vec<usize> {
+    let line = console
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} line:\n{console}"));
+    line.split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| s.parse().ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn console_json_junit_and_html_agree_on_every_count() {
+    // A target with failures of every class, a waiver and unsupported cases.
+    let zoo = idem_zoo::spawn(ZooConfig {
+        dialect: Dialect::PlainJson422,
+        defect: Some(Defect::GlobalKeySpace),
+        delay: Duration::ZERO,
+    })
+    .await
+    .expect("zoo");
+    let mut loaded = manifest_for(Dialect::PlainJson422, &zoo.base_url);
+    loaded.manifest.waivers.push(idem_spec::manifest::Waiver {
+        case: "keys.errors-distinct".into(),
+        reason: "codes arrive with the v2 error format".into(),
+        link: None,
+    });
+    let r = runner::run(
+        &loaded,
+        &Options {
+            seed: Some(4),
+            only: None,
+            progress: false,
+            artifacts_dir: Some(std::env::temp_dir()),
+        },
+    )
+    .await
+    .expect("run");
+    zoo.shutdown().await;
+    let s = &r.summary;
+    assert_eq!(s.result, Outcome::Unsafe);
+    assert!(!s.interop_clauses.is_empty() && !s.unsafe_clauses.is_empty());
+    assert!(r.cases.iter().any(|c| c.waived.is_some()));
+
+    // JSON: the model itself, round-tripped.
+    let json = idem_conformance::report::json(&r).expect("json");
+    let back: Report = serde_json::from_str(&json).expect("parses");
+    assert_eq!(back, r);
+
+    // Console.
+    let console = idem_conformance::report::console::render(&r);
+    assert_eq!(
+        console_numbers(&console, "cases:"),
+        [
+            s.pass,
+            s.fail,
+            s.non_strict,
+            s.inconclusive,
+            s.unsupported,
+            s.error
+        ]
+        .map(|n| n as usize)
+    );
+    let cv = &s.clause_verdicts;
+    assert_eq!(
+        console_numbers(&console, "clauses:"),
+        [
+            cv.pass,
+            cv.fail,
+            cv.non_strict,
+            cv.unchecked,
+            r.clauses.len() as u32
+        ]
+        .map(|n| n as usize)
+    );
+    assert_eq!(
+        console.lines().filter(|l| l.starts_with("UNSAFE ")).count(),
+        r.headlines.len()
+    );
+    for (class, list) in [
+        ("safety", &s.unsafe_clauses),
+        ("semantics", &s.semantics_clauses),
+        ("interop", &s.interop_clauses),
+    ] {
+        let line = console
+            .lines()
+            .find(|l| l.starts_with(&format!("failed ({class}):")));
+        assert_eq!(
+            line.map_or(0, |l| l.matches("idem.").count()),
+            list.len(),
+            "{class}"
+        );
+    }
+    assert!(console.contains(&format!("result: {} ", s.result.as_str())));
+    assert!(console.contains(&format!("(exit {})", s.exit_code)));
+    assert_eq!(
+        console
+            .find("── summary ──")
+            .map(|i| console[i..].contains("result:")),
+        Some(true),
+        "the summary comes last"
+    );
+
+    // JUnit: one test case per case; failures and errors only unwaived.
+    let xml = idem_conformance::report::junit::render(&r).expect("junit");
+    let unwaived = |v: Verdict| {
+        r.cases
+            .iter()
+            .filter(|c| c.verdict == v && c.waived.is_none())
+            .count()
+    };
+    assert_eq!(xml.matches("<testcase ").count(), r.cases.len());
+    assert_eq!(xml.matches("<failure").count(), unwaived(Verdict::Fail));
+    assert_eq!(xml.matches("<error").count(), unwaived(Verdict::Error));
+    let skipped = r
+        .cases
+        .iter()
+        .filter(|c| {
+            matches!(c.verdict, Verdict::Unsupported | Verdict::Inconclusive)
+                || (c.waived.is_some() && matches!(c.verdict, Verdict::Fail | Verdict::Error))
+        })
+        .count();
+    assert_eq!(xml.matches("<skipped").count(), skipped);
+    assert!(xml.contains(&format!("value=\"{}\"", s.result.as_str())));
+
+    // HTML: every count, every row.
+    let html = idem_conformance::report::html::render(&r);
+    for (name, n) in [
+        ("cases-pass", s.pass),
+        ("cases-fail", s.fail),
+        ("cases-non-strict", s.non_strict),
+        ("cases-inconclusive", s.inconclusive),
+        ("cases-unsupported", s.unsupported),
+        ("cases-error", s.error),
+        ("clauses-pass", cv.pass),
+        ("clauses-fail", cv.fail),
+        ("clauses-non-strict", cv.non_strict),
+        ("clauses-unchecked", cv.unchecked),
+        ("safety", s.unsafe_clauses.len() as u32),
+        ("semantics", s.semantics_clauses.len() as u32),
+        ("interop", s.interop_clauses.len() as u32),
+    ] {
+        assert_eq!(html_count(&html, name), n as usize, "{name}");
+    }
+    for v in Verdict::ALL {
+        assert_eq!(
+            html.matches(&format!(
+                "class=\"case-row\" data-verdict=\"{}\"",
+                v.as_str()
+            ))
+            .count(),
+            r.cases.iter().filter(|c| c.verdict == v).count(),
+            "{v}"
+        );
+    }
+    assert_eq!(
+        html.matches("class=\"clause-row\"").count(),
+        r.clauses.len()
+    );
+    assert!(html.contains(&format!("data-result=\"{}\"", s.result.as_str())));
+    assert_eq!(
+        html.matches("<li class=\"unsafe\">").count(),
+        r.headlines.len()
+    );
+    // The clause rows agree with the summary's clause counts.
+    assert_eq!(
+        html.matches("class=\"clause-row\" data-verdict=\"unchecked\"")
+            .count(),
+        cv.unchecked as usize
+    );
+}
+
+/// Runs the preflight against a zoo with a broken manifest; returns the
+/// error text and how many handler runs the zoo saw in total.
+async fn preflight_with(
+    break_it: impl FnOnce(&mut idem_spec::manifest::Manifest),
+) -> (String, u64) {
+    let zoo = idem_zoo::spawn(ZooConfig::default()).await.expect("zoo");
+    let mut loaded = manifest_for(Dialect::Reference, &zoo.base_url);
+    break_it(&mut loaded.manifest);
+    let e = runner::run(
+        &loaded,
+        &Options {
+            seed: Some(1),
+            only: None,
+            progress: false,
+            artifacts_dir: Some(std::env::temp_dir()),
+        },
+    )
+    .await
+    .expect_err("the preflight stops the run");
+    assert!(matches!(e, idem_conformance::Error::Preflight(_)), "{e}");
+    let runs = reqwest::get(format!("{}{}", zoo.base_url, idem_zoo::EXECUTIONS_PATH))
+        .await
+        .expect("probe")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json")["count"]
+        .as_u64()
+        .expect("count");
+    zoo.shutdown().await;
+    let msg = e.to_string();
+    assert_eq!(msg.matches(". ").count(), 0, "one sentence: {msg}");
+    (msg, runs)
+}
+
+#[tokio::test]
+async fn a_failed_preflight_says_what_to_fix_and_runs_no_case() {
+    let (msg, runs) = preflight_with(|m| {
+        m.callers[1]
+            .headers
+            .insert("Authorization".into(), "Bearer wrong".into());
+    })
+    .await;
+    assert!(
+        msg.contains("\"tenant-b\" is not authenticated") && msg.contains("callers[1].headers"),
+        "{msg}"
+    );
+    assert_eq!(runs, 1, "only the first caller's fresh request ran");
+
+    let (msg, runs) = preflight_with(|m| {
+        m.endpoints[0].body = serde_json::json!({ "amount": "seven", "marker": "{{marker}}" });
+    })
+    .await;
+    assert!(
+        msg.contains("body template") && msg.contains("400"),
+        "{msg}"
+    );
+    assert_eq!(runs, 0, "refused before the handler");
+
+    // A probe that counts every order, not the request's: right once, then
+    // wrong for the second caller's request.
+    let (msg, _) = preflight_with(|m| {
+        m.probe = idem_spec::manifest::EffectProbe::Count {
+            url: "/v1/orders".into(),
+            count_pointer: "/count".into(),
+            caller: None,
+        };
+    })
+    .await;
+    assert!(
+        msg.contains("the effect probe counted 2 effects") && msg.contains("correct the probe"),
+        "{msg}"
+    );
+
+    let (msg, _) = preflight_with(|m| {
+        m.hooks.execution_probe = Some(idem_spec::manifest::EffectProbe::Count {
+            url: "/_zoo/executions?marker=nothing".into(),
+            count_pointer: "/count".into(),
+            caller: None,
+        });
+    })
+    .await;
+    assert!(
+        msg.contains("hooks.execution_probe counted 0 handler runs"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn key_matched_probes_count_by_the_key_the_request_carried() {
+    // The zoo lists orders with their key: a probe matched by key finds
+    // the same effects a marker probe does, and the kit still catches a
+    // double effect with it.
+    for defect in [None, Some(Defect::RaceDoubleExecution)] {
+        let zoo = idem_zoo::spawn(ZooConfig {
+            defect,
+            ..ZooConfig::default()
+        })
+        .await
+        .expect("zoo");
+        let mut loaded = manifest_for(Dialect::Reference, &zoo.base_url);
+        loaded.manifest.probe = idem_spec::manifest::EffectProbe::List {
+            url: "/v1/orders?idempotency_key={{key}}".into(),
+            items_pointer: "/items".into(),
+            match_pointer: "/idempotency_key".into(),
+            match_on: idem_spec::manifest::MatchOn::Key,
+            caller: None,
+        };
+        loaded.manifest.hooks.execution_probe = Some(idem_spec::manifest::EffectProbe::Count {
+            url: "/_zoo/executions?idempotency_key={{key}}".into(),
+            count_pointer: "/count".into(),
+            caller: None,
+        });
+        let r = runner::run(
+            &loaded,
+            &Options {
+                seed: Some(2),
+                only: Some("concurrency.gate".into()),
+                progress: false,
+                artifacts_dir: Some(std::env::temp_dir()),
+            },
+        )
+        .await
+        .expect("run");
+        zoo.shutdown().await;
+        let gate = &r.cases[0];
+        match defect {
+            None => assert_eq!(
+                gate.verdict,
+                Verdict::Pass,
+                "{}",
+                idem_conformance::report::console::render(&r)
+            ),
+            Some(_) => assert_eq!(r.summary.unsafe_clauses, ["idem.concurrency.single-effect"]),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_cli_writes_every_artefact_into_one_directory_and_exits_with_the_result() {
+    use clap::Parser;
+    let zoo = idem_zoo::spawn(ZooConfig {
+        dialect: Dialect::PlainJson417,
+        defect: Some(Defect::ReplayHeadersDropped),
+        delay: Duration::ZERO,
+    })
+    .await
+    .expect("zoo");
+    let out = std::env::temp_dir().join(format!("idem-kit-out-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let manifest =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("zoo/manifests/plain-json-417.toml");
+    let cli = idem_conformance::commands::Cli::parse_from([
+        "idem-conformance".to_owned(),
+        "run".into(),
+        "--target".into(),
+        manifest.display().to_string(),
+        "--base-url".into(),
+        zoo.base_url.clone(),
+        "--seed".into(),
+        "5".into(),
+        "--out-dir".into(),
+        out.display().to_string(),
+    ]);
+    let code = idem_conformance::commands::execute(cli).await;
+    zoo.shutdown().await;
+    assert_eq!(
+        code,
+        idem_conformance::EXIT_DEVIATES,
+        "a semantics defect in a foreign dialect"
+    );
+    let mut files: Vec<String> = std::fs::read_dir(&out)
+        .expect("the output directory")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["junit.xml", "report.html", "report.json"]);
+    let report: Report =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).expect("json"))
+            .expect("parses");
+    assert_eq!(report.summary.exit_code, code);
+    // A failing case was re-run, and the report keeps both runs' evidence.
+    let failed = report
+        .cases
+        .iter()
+        .find(|c| c.verdict == Verdict::Fail)
+        .expect("a failing case");
+    let again = failed.rerun.as_ref().expect("re-run evidence");
+    assert!(!again.narrative.is_empty() && !again.reproduction.is_empty());
+    let explained = idem_conformance::report::explain(failed).join("\n");
+    assert!(explained.contains("automatic re-run"), "{explained}");
+    let _ = std::fs::remove_dir_all(&out);
+}
