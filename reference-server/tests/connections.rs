@@ -165,9 +165,9 @@ async fn a_slow_header_is_cut_at_the_header_timeout_however_steadily_it_trickles
     trickle.abort();
 }
 
+// clause: idem.failure.before-claim, idem.failure.unclaimed, idem.errors.problem-json
 #[tokio::test]
 async fn a_slow_body_is_cut_at_the_body_timeout_before_its_key_is_claimed() {
-    // clause: idem.failure.before-claim, idem.failure.unclaimed, idem.errors.problem-json
     let server = start(&["--body-read-timeout-secs", "1"]).await;
     let body = br#"{"from":"acc_alice_main","to":"acc_alice_savings","amount":7}"#;
     let head = format!(
@@ -255,9 +255,9 @@ async fn an_idle_keep_alive_connection_is_closed_and_a_used_one_is_not() {
     }
 }
 
+// clause: idem.errors.problem-json
 #[tokio::test]
 async fn a_request_with_both_content_length_and_transfer_encoding_is_refused() {
-    // clause: idem.errors.problem-json
     let server = start(&[]).await;
     let body = r#"{"from":"acc_alice_main","to":"acc_alice_savings","amount":9}"#;
     let chunked = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());

@@ -79,7 +79,6 @@ async fn transfer_ids_in_db(store: &Store, memo: Option<&str>) -> Vec<String> {
     })
 }
 
-// clause: idem.replay.no-reexecution
 async fn transfers_come_in_bounded_pages_that_cover_every_item_once(b: Backend) {
     let db = db!(b, "pages");
     let app = app(&db, &[]).await;
@@ -160,7 +159,6 @@ async fn seed_more(router: &axum::Router, n: usize) {
     }
 }
 
-// clause: idem.errors.problem-json
 async fn bad_list_parameters_are_problems_not_everything(b: Backend) {
     let db = db!(b, "listbad");
     let app = app(&db, &[]).await;
