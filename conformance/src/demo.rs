@@ -103,6 +103,9 @@ fn build_bin(name: &str, release: bool, features: &[&str]) -> Result<PathBuf, Er
 async fn spawn_ready(bin: &Path, args: &[String]) -> Result<(Child, String, Vec<String>), Error> {
     let mut child = Command::new(bin)
         .args(args)
+        // The demo passes its own tokens on the command line; tokens an
+        // operator exported for another server must not replace them.
+        .env_remove("IDEM_TOKENS")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
