@@ -31,7 +31,11 @@ pub const DEMO_TOKENS: [(&str, &str); 2] = [("demo-alice", "alice"), ("demo-bob"
 PostgreSQL, with an example bank API: POST /v1/transfers (one transaction) and POST /v1/payments \
 (multi-step, through an external payment processor).\n\n\
 The first line printed on stdout is `listening on http://ADDR` (machine-readable; use \
---listen 127.0.0.1:0 to let the OS pick a free port). GET /healthz answers 200 when ready.\n\n\
+--listen 127.0.0.1:0 to let the OS pick a free port). GET /healthz (liveness) answers 200 while \
+the process serves; GET /readyz (readiness) answers 200 when the database answers too and 503 \
+when it does not. While the database is unreachable, locked, full or read-only, idempotent \
+requests are answered 503 upstream_unavailable with Retry-After within --store-timeout-ms; \
+nothing runs without its claim.\n\n\
 Callers authenticate with `Authorization: Bearer TOKEN`. Without --token/--tokens-file the demo \
 tokens demo-alice (caller alice) and demo-bob (caller bob) are served.\n\n\
 POST /v1/payments (the multi-step example) charges a card at the payment processor given by \
@@ -142,6 +146,17 @@ pub struct Cli {
     /// Database connection pool size.
     #[arg(long, default_value_t = 10)]
     pub max_connections: u32,
+
+    /// Longest wait, in milliseconds, for a database connection or for
+    /// SQLite's write lock; past it a request is answered 503
+    /// upstream_unavailable with Retry-After (and /readyz 503), never held.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub store_timeout_ms: u64,
+
+    /// Longest one PostgreSQL statement may run, in milliseconds
+    /// (statement_timeout); keep it below the lease.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub statement_timeout_ms: u64,
 
     /// Expose the /_test/* routes and honour the Idem-Failpoint header. Never in production.
     #[arg(long)]
@@ -286,6 +301,14 @@ impl Cli {
             ..EngineConfig::default()
         }
         .policy()
+    }
+
+    /// The pool settings these flags ask for.
+    pub fn store_options(&self) -> axum_idempotency::StoreOptions {
+        axum_idempotency::StoreOptions::default()
+            .max_connections(self.max_connections)
+            .acquire_timeout(Duration::from_millis(self.store_timeout_ms))
+            .statement_timeout(Duration::from_millis(self.statement_timeout_ms))
     }
 
     /// The connection-level limits these flags ask for.

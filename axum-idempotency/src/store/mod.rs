@@ -68,7 +68,9 @@ use crate::clock::Millis;
 use crate::error::Result;
 use crate::key::{Fence, KeyId};
 
-pub use either::{DbConn, DbTx, Store};
+pub use either::{
+    DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, DbConn, DbTx, Store, StoreOptions,
+};
 pub use postgres::PgStore;
 pub use sqlite::{SqliteStore, SqliteTx};
 
@@ -347,6 +349,45 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
 }
 
 pub use ops::StagedJob;
+
+type HookFuture<'c> =
+    std::pin::Pin<Box<dyn Future<Output = std::result::Result<bool, sqlx::Error>> + Send + 'c>>;
+
+/// The pool's `after_release` hook: a connection handed back still inside
+/// a transaction is closed, never reused.
+///
+/// Why: when a `COMMIT` or `ROLLBACK` fails (SQLite out of disk, an I/O
+/// error), sqlx's count of open transactions on that connection stays
+/// above zero, and every later `BEGIN` on it fails with "attempted to call
+/// begin_with at non-zero transaction depth" until the process restarts.
+/// The ping first lets the rollback a dropped transaction queued run (on
+/// SQLite it runs on the connection's worker, in order), so a connection
+/// that is only waiting for its rollback is kept.
+pub(crate) fn retire_if_in_transaction<C: sqlx::Connection>(
+    conn: &mut C,
+    _meta: sqlx::pool::PoolConnectionMetadata,
+) -> HookFuture<'_> {
+    Box::pin(async move {
+        conn.ping().await?;
+        if conn.is_in_transaction() {
+            tracing::warn!(
+                "retiring a database connection left inside a transaction by a failed \
+                 commit or rollback"
+            );
+            return Ok(false);
+        }
+        Ok(true)
+    })
+}
+
+/// The pool's `before_acquire` hook: the same check, for a connection that
+/// reached the idle queue some other way.
+pub(crate) fn usable<C: sqlx::Connection>(
+    conn: &mut C,
+    _meta: sqlx::pool::PoolConnectionMetadata,
+) -> HookFuture<'_> {
+    Box::pin(async move { Ok(!conn.is_in_transaction()) })
+}
 
 /// Transactionally staged jobs (the enqueuer's table, `staged_jobs`): a job
 /// staged inside a request's transaction exists only if that transaction

@@ -13,7 +13,10 @@
 //! Several processes may migrate at once: [`crate::migrate`] serialises them
 //! with an advisory lock.
 
+use std::time::Duration;
+
 use idem_spec::Fingerprint;
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres, Transaction};
 
 use super::ops::{self, StagedJob};
@@ -53,6 +56,29 @@ impl PgStore {
     /// The pool (for the application's own reads and writes).
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The pool settings this library is tested with: a connection within
+    /// `acquire_timeout` or `503` (clause `idem.store.fail-closed`); idle
+    /// connections tested before use, so connections that died with the
+    /// server are dropped at once when it is back instead of failing a
+    /// request each; a connection handed back inside a transaction retired.
+    /// Add a `statement_timeout` to the connect options (as
+    /// [`Store::connect_with`](super::Store::connect_with) does).
+    pub fn pool_options(acquire_timeout: Duration) -> PgPoolOptions {
+        PgPoolOptions::new()
+            .acquire_timeout(acquire_timeout)
+            .test_before_acquire(true)
+            .after_release(super::retire_if_in_transaction)
+            .before_acquire(super::usable)
+    }
+
+    /// One connection and `SELECT 1` (a readiness probe).
+    pub async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1")
+            .execute(&mut *self.read().await?)
+            .await?;
+        Ok(())
     }
 
     /// Creates or updates the key table (and the staged-jobs table); safe to
