@@ -246,15 +246,6 @@ pub async fn serve(cli: Cli) -> Result<()> {
              Never run this in production."
         );
     }
-    if cli.processor_url.is_some() && cli.processor_timeout_secs >= cli.lease_secs {
-        tracing::warn!(
-            processor_timeout_secs = cli.processor_timeout_secs,
-            lease_secs = cli.lease_secs,
-            "a processor call may outlast the lease: a retry or the completer can then take the \
-             key over mid-call (safe, the first writer is fenced, but wasteful); keep \
-             --processor-timeout-secs below --lease-secs"
-        );
-    }
     if !app.state.flaws.list().is_empty() {
         tracing::warn!(flaws = ?app.state.flaws.list(), "DELIBERATE FLAWS ARE ON: this server breaks the contract on purpose");
     }

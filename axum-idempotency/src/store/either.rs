@@ -324,6 +324,18 @@ impl KeyStore for Store {
         }
     }
 
+    async fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: Millis,
+        lease_expires_at: Millis,
+    ) -> Result<bool> {
+        match self {
+            Self::Sqlite(s) => s.renew_lease(fence, now, lease_expires_at).await,
+            Self::Postgres(s) => s.renew_lease(fence, now, lease_expires_at).await,
+        }
+    }
+
     async fn release_lease(&self, fence: &Fence, now: Millis) -> Result<bool> {
         match self {
             Self::Sqlite(s) => s.release_lease(fence, now).await,

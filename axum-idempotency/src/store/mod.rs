@@ -327,6 +327,17 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         lease_expires_at: Millis,
     ) -> impl Future<Output = Result<Option<TakenOver>>> + Send;
 
+    /// The heartbeat: renews the lease of a key this worker still holds
+    /// (clause `idem.lease.heartbeat`), in its own short transaction, to end
+    /// at `lease_expires_at`. `false` when `fence` is no longer current or
+    /// the key was settled or released meanwhile (nothing changed).
+    fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: Millis,
+        lease_expires_at: Millis,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
     /// Ends the lease now, leaving the key in flight at its last recovery
     /// point, so a retry (or the completer) can resume at once. `false` when
     /// `fence` is no longer current (nothing changed).

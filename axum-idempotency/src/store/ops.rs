@@ -78,6 +78,13 @@ const COMMIT_POINT_SQL: &str = "UPDATE idempotency_keys SET recovery_point = $4,
      WHERE caller = $1 AND idem_key = $2 AND generation = $3 AND state = 'in_flight'";
 // ANCHOR_END: lease_fencing
 
+/// The heartbeat: a fresh lease for a key its worker still holds, fenced.
+/// `locked_at IS NOT NULL` keeps a heartbeat that raced a release (the key
+/// was just unlocked for a retry) from locking it again.
+const RENEW_SQL: &str = "UPDATE idempotency_keys SET locked_at = $4, lease_expires_at = $5 \
+     WHERE caller = $1 AND idem_key = $2 AND generation = $3 AND state = 'in_flight' \
+     AND locked_at IS NOT NULL";
+
 /// Unlocks the key at its last recovery point (the lease ends now), fenced.
 const RELEASE_SQL: &str = "UPDATE idempotency_keys SET locked_at = NULL, lease_expires_at = $4 \
      WHERE caller = $1 AND idem_key = $2 AND generation = $3 AND state = 'in_flight'";
@@ -267,6 +274,25 @@ macro_rules! ops {
                 })),
                 None => Ok(None),
             }
+        }
+
+        pub(crate) async fn renew(
+            c: &mut $conn,
+            fence: &Fence,
+            now: i64,
+            lease_expires_at: i64,
+        ) -> Result<bool> {
+            let id = fence.id();
+            let updated = sqlx::query(RENEW_SQL)
+                .bind(id.caller().as_str())
+                .bind(id.key().as_str())
+                .bind(fence.generation())
+                .bind(now)
+                .bind(lease_expires_at)
+                .execute(&mut *c)
+                .await?
+                .rows_affected();
+            Ok(updated == 1)
         }
 
         pub(crate) async fn release(c: &mut $conn, fence: &Fence, now: i64) -> Result<bool> {

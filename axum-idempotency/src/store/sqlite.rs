@@ -234,6 +234,18 @@ impl KeyStore for SqliteStore {
         Ok(taken)
     }
 
+    async fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: Millis,
+        lease_expires_at: Millis,
+    ) -> Result<bool> {
+        let mut tx = self.begin().await?;
+        let renewed = ops::sqlite::renew(&mut tx, fence, now, lease_expires_at).await?;
+        tx.commit().await?;
+        Ok(renewed)
+    }
+
     async fn release_lease(&self, fence: &Fence, now: Millis) -> Result<bool> {
         let mut tx = self.begin().await?;
         let released = ops::sqlite::release(&mut tx, fence, now).await?;
