@@ -101,7 +101,10 @@ pub struct Cli {
     #[arg(long, default_value_t = policy::DEFAULT_RETENTION_SECS)]
     pub retention_secs: u64,
 
-    /// Lease on an in-flight key.
+    /// Lease on an in-flight key. A live multi-step request renews it every
+    /// third of it (processor calls included); a crashed holder's key can be
+    /// taken over once it runs out. Also the longest a single-phase request
+    /// may run.
     #[arg(long, default_value_t = policy::DEFAULT_LEASE_SECS)]
     pub lease_secs: u64,
 
@@ -113,7 +116,8 @@ pub struct Cli {
     #[arg(long, default_value_t = policy::DEFAULT_MAX_WAIT_SECS)]
     pub max_wait_secs: u64,
 
-    /// How often the reaper deletes records past retention.
+    /// How often the reaper deletes records past retention (in batches of
+    /// at most 1,000 per transaction, one summary log line per pass).
     #[arg(long, default_value_t = 60)]
     pub reaper_interval_secs: u64,
 

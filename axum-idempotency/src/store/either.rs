@@ -16,7 +16,7 @@ use sqlx::{PgConnection, SqliteConnection};
 use super::ops::StagedJob;
 use super::{
     AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, PgStore,
-    ReapReport, SqliteStore, SqliteTx, StagedJobs, TakenOver,
+    ReapBatch, SqliteStore, SqliteTx, StagedJobs, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::{Error, Result};
@@ -350,10 +350,10 @@ impl KeyStore for Store {
         }
     }
 
-    async fn reap(&self, now: Millis) -> Result<ReapReport> {
+    async fn reap(&self, now: Millis, limit: i64) -> Result<ReapBatch> {
         match self {
-            Self::Sqlite(s) => s.reap(now).await,
-            Self::Postgres(s) => s.reap(now).await,
+            Self::Sqlite(s) => s.reap(now, limit).await,
+            Self::Postgres(s) => s.reap(now, limit).await,
         }
     }
 }

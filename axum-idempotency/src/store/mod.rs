@@ -245,13 +245,29 @@ pub struct Unfinished {
     pub recovery_point: RecoveryPoint,
 }
 
-/// What one reaper pass did.
+/// What one reaper batch (one short transaction) deleted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReapReport {
+pub struct ReapBatch {
     /// Records deleted.
     pub deleted: u64,
     /// Records deleted while still in flight.
     pub unfinished: Vec<Unfinished>,
+}
+
+/// What one reaper pass did, over all its batches: what its one summary
+/// log line says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReapReport {
+    /// Records deleted.
+    pub deleted: u64,
+    /// Of which still in flight (requests nobody finished).
+    pub unfinished: u64,
+    /// The first unfinished records (at most
+    /// [`UNFINISHED_SAMPLE`](crate::reaper::UNFINISHED_SAMPLE)), named in
+    /// the summary; every one is logged at DEBUG.
+    pub unfinished_sample: Vec<Unfinished>,
+    /// Transactions the pass took (one per batch).
+    pub batches: u32,
 }
 
 /// A fenced write made inside a claim's transaction.
@@ -355,8 +371,9 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<AbandonedKey>>> + Send;
 
-    /// Deletes records past retention.
-    fn reap(&self, now: Millis) -> impl Future<Output = Result<ReapReport>> + Send;
+    /// Deletes up to `limit` records past retention at `now`, oldest first,
+    /// in one short transaction (one reaper batch; [`crate::reaper`] loops).
+    fn reap(&self, now: Millis, limit: i64) -> impl Future<Output = Result<ReapBatch>> + Send;
 }
 
 pub use ops::StagedJob;

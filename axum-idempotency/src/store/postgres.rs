@@ -21,8 +21,8 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 use super::ops::{self, StagedJob};
 use super::{
-    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore,
-    ReapReport, StagedJobs, TakenOver,
+    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, ReapBatch,
+    StagedJobs, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::Result;
@@ -181,9 +181,9 @@ impl KeyStore for PgStore {
         ops::pg::abandoned(&mut *self.read().await?, now, limit).await
     }
 
-    async fn reap(&self, now: Millis) -> Result<ReapReport> {
+    async fn reap(&self, now: Millis, limit: i64) -> Result<ReapBatch> {
         let mut tx = self.begin().await?;
-        let report = ops::pg::reap(&mut tx, now).await?;
+        let report = ops::pg::reap(&mut tx, now, limit).await?;
         tx.commit().await?;
         Ok(report)
     }

@@ -43,8 +43,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::ops::{self, StagedJob};
 use super::{
-    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore,
-    ReapReport, StagedJobs, TakenOver,
+    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, ReapBatch,
+    StagedJobs, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::{Error, Result};
@@ -257,9 +257,9 @@ impl KeyStore for SqliteStore {
         ops::sqlite::abandoned(&mut *self.read().await?, now, limit).await
     }
 
-    async fn reap(&self, now: Millis) -> Result<ReapReport> {
+    async fn reap(&self, now: Millis, limit: i64) -> Result<ReapBatch> {
         let mut tx = self.begin().await?;
-        let report = ops::sqlite::reap(&mut tx, now).await?;
+        let report = ops::sqlite::reap(&mut tx, now, limit).await?;
         tx.commit().await?;
         Ok(report)
     }
