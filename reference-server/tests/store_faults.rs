@@ -72,6 +72,9 @@ impl Shot {
     }
 }
 
+/// A condition on the shots so far.
+type Pred = Box<dyn Fn(&[Shot]) -> bool + Send>;
+
 /// One `POST /v1/transfers` of 1 unit from alice's main account.
 async fn shoot(client: &reqwest::Client, base: &str, key: &str) -> Shot {
     let sent = Instant::now();
@@ -317,17 +320,14 @@ async fn postgres_stopped_mid_load_fails_fast_and_the_first_write_after_it_retur
         });
     }
     let snapshot = || shots.lock().unwrap().clone();
-    let wait_for = |what: &'static str, pred: Box<dyn Fn(&[Shot]) -> bool + Send>| {
-        let snapshot = snapshot.clone();
-        async move {
-            let deadline = Instant::now() + GUARD;
-            loop {
-                if pred(&snapshot()) {
-                    return;
-                }
-                assert!(Instant::now() < deadline, "never saw {what}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
+    let wait_for = |what: &'static str, pred: Pred| async move {
+        let deadline = Instant::now() + GUARD;
+        loop {
+            if pred(&snapshot()) {
+                return;
             }
+            assert!(Instant::now() < deadline, "never saw {what}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
     wait_for(
