@@ -20,6 +20,7 @@
 //!   transaction is one WAL flush;
 //! - WAL bytes: the advance of `pg_current_wal_lsn()`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -197,6 +198,70 @@ impl Cluster {
             wal_bytes: u(wal),
         })
     }
+}
+
+/// One statement's totals in `pg_stat_statements`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StatementTotals {
+    /// The normalized text.
+    pub query: String,
+    /// Times run.
+    pub calls: u64,
+    /// Time spent executing it, ms.
+    pub exec_ms: f64,
+}
+
+impl Cluster {
+    /// Every statement of database `db` with its calls and execution time,
+    /// by query id.
+    pub async fn statements(&self, db: &str) -> Result<BTreeMap<i64, StatementTotals>> {
+        let mut c = self.connect("postgres").await?;
+        let rows: Vec<(i64, String, i64, f64)> = sqlx::query_as(
+            "SELECT s.queryid, s.query, s.calls, s.total_exec_time \
+             FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+             WHERE d.datname = $1 AND s.queryid IS NOT NULL",
+        )
+        .bind(db)
+        .fetch_all(&mut c)
+        .await?;
+        c.close().await.ok();
+        Ok(rows
+            .into_iter()
+            .map(|(id, query, calls, exec_ms)| {
+                (
+                    id,
+                    StatementTotals {
+                        query,
+                        calls: u64::try_from(calls).unwrap_or(0),
+                        exec_ms,
+                    },
+                )
+            })
+            .collect())
+    }
+}
+
+/// What ran between two [`Cluster::statements`] snapshots, most calls first.
+pub fn statements_between(
+    before: &BTreeMap<i64, StatementTotals>,
+    after: &BTreeMap<i64, StatementTotals>,
+) -> Vec<StatementTotals> {
+    let mut out: Vec<StatementTotals> = after
+        .iter()
+        .filter_map(|(id, a)| {
+            let (calls, ms) = match before.get(id) {
+                Some(b) => (a.calls.saturating_sub(b.calls), a.exec_ms - b.exec_ms),
+                None => (a.calls, a.exec_ms),
+            };
+            (calls > 0).then(|| StatementTotals {
+                query: a.query.clone(),
+                calls,
+                exec_ms: ms.max(0.0),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.query.cmp(&b.query)));
+    out
 }
 
 impl Drop for Cluster {

@@ -179,6 +179,45 @@ pub fn markdown(r: &BenchResult) -> String {
             );
         }
     }
+    // Where a request's statements go, at the first ratio concurrency.
+    if let (Some(pg), Some(&c)) = (
+        r.stores
+            .iter()
+            .find(|s| s.store == crate::run::StoreKind::Postgres && s.skipped.is_none()),
+        cfg.ratio_concurrencies.first(),
+    ) {
+        for scenario in [Scenario::First, Scenario::Baseline, Scenario::Payments] {
+            let Some(cell) = pg.cell(scenario, c) else {
+                continue;
+            };
+            let n = cell.requests.max(1) as f64;
+            let _ = writeln!(
+                m,
+                "\nPostgreSQL, `{}` at c={c}: statements per request (`pg_stat_statements`; execution time \
+                 inside PostgreSQL, excluding parse and network)\n\n| calls/req | exec µs/req | statement |\n|---|---|---|",
+                scenario.name()
+            );
+            for s in cell
+                .statements
+                .iter()
+                .filter(|s| s.calls as f64 / n >= 0.05)
+            {
+                let q: String = s.query.split_whitespace().collect::<Vec<_>>().join(" ");
+                let q = if q.len() > 110 {
+                    format!("{}…", &q[..q.floor_char_boundary(110)])
+                } else {
+                    q
+                };
+                let _ = writeln!(
+                    m,
+                    "| {:.2} | {:.0} | `{}` |",
+                    s.calls as f64 / n,
+                    s.exec_ms * 1000.0 / n,
+                    q.replace('|', "\\|")
+                );
+            }
+        }
+    }
     let _ = writeln!(
         m,
         "\nStatements and commits: PostgreSQL from `pg_stat_statements` (calls, BEGIN/COMMIT included) and \

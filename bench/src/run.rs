@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::child::{ChildServer, Spawn, TempDir, cargo_bin};
 use crate::load::{self, Expect, Load, LoadResult, MakeReq, Req};
-use crate::pg::{Cluster, PgCounters};
+use crate::pg::{Cluster, PgCounters, StatementTotals, statements_between};
 use crate::sqlite_wal::{WalWatch, commits_between};
 use crate::{Result, procfs};
 
@@ -153,6 +153,8 @@ pub struct Round {
     pub client_ticks: u64,
     /// PostgreSQL counter deltas.
     pub pg: Option<PgCounters>,
+    /// PostgreSQL: each statement's calls and execution time in the cell.
+    pub statements: Vec<StatementTotals>,
 }
 
 /// Per-request figures of a cell (all rounds together).
@@ -194,6 +196,9 @@ pub struct Cell {
     pub requests: u64,
     /// Per-request costs.
     pub per_request: PerRequest,
+    /// PostgreSQL: each statement's calls and execution µs per request,
+    /// all rounds together, most calls first.
+    pub statements: Vec<StatementTotals>,
 }
 
 /// The SQLite counting pass of one scenario.
@@ -670,10 +675,19 @@ async fn session(
                 };
                 let warm = load::run(cell(cfg.warmup)).await;
                 let measured = cell(cfg.duration);
+                let stmts_before = match pg {
+                    Some((c, db)) => Some(c.statements(db).await?),
+                    None => None,
+                };
                 let before = snapshot(child.pid, pg, true).await?;
                 let result = load::run(measured).await;
                 let after = snapshot(child.pid, pg, false).await?;
+                let statements = match (pg, stmts_before) {
+                    (Some((c, db)), Some(b)) => statements_between(&b, &c.statements(db).await?),
+                    _ => Vec::new(),
+                };
                 let round_result = Round {
+                    statements,
                     server_ticks: after.server.saturating_sub(before.server),
                     client_ticks: after.client.saturating_sub(before.client),
                     db_ticks: before
@@ -808,7 +822,17 @@ fn summarize(scenario: Scenario, concurrency: usize, rounds: Vec<Round>, counts:
             .map(|t| t * us),
         client_cpu_us: per(rounds.iter().map(|r| r.client_ticks).sum()).map(|t| t * us),
     };
+    let mut by_query: BTreeMap<String, StatementTotals> = BTreeMap::new();
+    for s in rounds.iter().flat_map(|r| &r.statements) {
+        let e = by_query.entry(s.query.clone()).or_default();
+        e.query.clone_from(&s.query);
+        e.calls += s.calls;
+        e.exec_ms += s.exec_ms;
+    }
+    let mut statements: Vec<StatementTotals> = by_query.into_values().collect();
+    statements.sort_by(|a, b| b.calls.cmp(&a.calls).then(a.query.cmp(&b.query)));
     Cell {
+        statements,
         scenario,
         concurrency,
         throughput: median(rounds.iter().map(|r| r.load.throughput).collect()),
