@@ -698,3 +698,41 @@ async fn an_endpoint_that_outlives_its_lease_is_cut_off_and_releases_the_key(b: 
     assert_eq!(balances(&r, "alice").await, (100_001, 100_000));
 }
 both!(an_endpoint_that_outlives_its_lease_is_cut_off_and_releases_the_key);
+
+// No clause: the example bank's own invariant. Opposite transfers between
+// the same two accounts, all at once, lock the rows in one order (no deadlock
+// on PostgreSQL, which would surface as 5xx), and money is conserved.
+async fn opposite_transfers_at_once_all_succeed_and_conserve_money(b: Backend) {
+    let db = db!(b, "opposite");
+    let app = app(&db, &[]).await;
+    let r = &app.router;
+    let (main0, savings0) = balances(r, "alice").await;
+    let back = r#"{"from":"acc_alice_savings","to":"acc_alice_main","amount":5}"#;
+    let there = move_body("alice", 7);
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..24 {
+        let router = r.clone();
+        let body = if i % 2 == 0 {
+            there.clone()
+        } else {
+            back.to_owned()
+        };
+        tasks.spawn(async move {
+            send(
+                &router,
+                transfer("demo-alice", Some(&format!("opp-{i}")), &body),
+            )
+            .await
+            .status
+        });
+    }
+    while let Some(status) = tasks.join_next().await {
+        assert_eq!(status.unwrap(), StatusCode::CREATED);
+    }
+    assert_eq!(
+        balances(r, "alice").await,
+        (main0 - 12 * 7 + 12 * 5, savings0 + 12 * 7 - 12 * 5)
+    );
+    assert_eq!(transfer_count(r, "alice").await, 24);
+}
+both!(opposite_transfers_at_once_all_succeed_and_conserve_money);

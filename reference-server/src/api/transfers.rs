@@ -19,6 +19,7 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::json::ApiJson;
+use axum_idempotency::store::DbConn;
 use axum_idempotency::{IdemTx, Store, with_conn, with_pool};
 
 use super::auth::Principal;
@@ -104,16 +105,24 @@ pub struct TransferList {
     pub next_cursor: Option<String>,
 }
 
-// Touching a row (a no-op UPDATE) both checks that it exists and belongs to
-// the caller, and takes its row lock. Touching the two accounts in id order
-// means two opposite transfers (A→B and B→A) lock in the same order and
-// cannot deadlock on PostgreSQL. (SQLite has one writer, so it never does.)
-const TOUCH: &str = "UPDATE accounts SET balance = balance WHERE id = $1 AND owner = $2";
-// The guard `balance >= $1` makes an overdraft impossible even if another
-// transaction moved money since we looked: the row lock orders them.
-const DEBIT: &str =
-    "UPDATE accounts SET balance = balance - $1 WHERE id = $2 AND owner = $3 AND balance >= $1";
-const CREDIT: &str = "UPDATE accounts SET balance = balance + $1 WHERE id = $2 AND owner = $3";
+// One read takes both accounts' row locks and shows whether they exist,
+// belong to the caller and can cover the amount, before anything is written:
+// so a 404 or 422 leaves no write behind (the layer stores it as the final
+// outcome). On PostgreSQL the rows are locked in id order (`ORDER BY id FOR
+// UPDATE` locks as it returns sorted rows), so two opposite transfers (A→B and
+// B→A) cannot deadlock. SQLite has one writer (`BEGIN IMMEDIATE` already holds
+// the database's write lock), and has no `FOR UPDATE`.
+const LOCK_SQLITE: &str =
+    "SELECT id, balance FROM accounts WHERE owner = $1 AND id IN ($2, $3) ORDER BY id";
+const LOCK_POSTGRES: &str =
+    "SELECT id, balance FROM accounts WHERE owner = $1 AND id IN ($2, $3) ORDER BY id FOR UPDATE";
+// Debit and credit in one statement, on the rows locked above. The guard
+// `balance >= amount` on the debited row keeps an overdraft impossible even if
+// the read above were ever wrong: then fewer than two rows change, and the
+// handler answers 5xx, which rolls the whole transaction back.
+const MOVE: &str = "UPDATE accounts \
+     SET balance = CASE WHEN id = $2 THEN balance - $1 ELSE balance + $1 END \
+     WHERE owner = $4 AND id IN ($2, $3) AND (id <> $2 OR balance >= $1)";
 const INSERT: &str = "INSERT INTO transfers \
      (id, owner, from_account, to_account, amount, memo, created_at, idempotency_key) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
@@ -151,51 +160,53 @@ pub async fn create_transfer(
         .get(idem_spec::headers::IDEMPOTENCY_KEY)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let (first, second) = if req.from <= req.to {
-        (&req.from, &req.to)
-    } else {
-        (&req.to, &req.from)
-    };
     let mut tx = tx.lock().await?;
+    let lock = match tx.conn() {
+        DbConn::Sqlite(_) => LOCK_SQLITE,
+        DbConn::Postgres(_) => LOCK_POSTGRES,
+    };
     with_conn!(&mut *tx, c => {
-        for account in [first, second] {
-            let found = sqlx::query(TOUCH)
-                .bind(account)
-                .bind(&caller.0)
-                .execute(&mut *c)
-                .await?
-                .rows_affected();
-            if found == 0 {
-                // A 4xx before any real write: stored as the final outcome.
+        let rows = sqlx::query(lock)
+            .bind(&caller.0)
+            .bind(&req.from)
+            .bind(&req.to)
+            .fetch_all(&mut *c)
+            .await?;
+        let balance_of = |account: &str| -> Result<Option<i64>> {
+            for row in &rows {
+                if row.try_get::<String, _>("id")? == account {
+                    return Ok(Some(row.try_get("balance")?));
+                }
+            }
+            Ok(None)
+        };
+        let from_balance = balance_of(&req.from)?;
+        for (account, found) in [(&req.from, from_balance.is_some()), (&req.to, balance_of(&req.to)?.is_some())] {
+            if !found {
+                // A 4xx before any write: stored as the final outcome.
                 return Err(Error::NotFound(format!(
                     "account {account:?} does not exist or does not belong to you"
                 )));
             }
         }
-        let debited = sqlx::query(DEBIT)
-            .bind(req.amount)
-            .bind(&req.from)
-            .bind(&caller.0)
-            .execute(&mut *c)
-            .await?
-            .rows_affected();
-        if debited == 0 {
+        if from_balance < Some(req.amount) {
             return Err(Error::Validation(format!(
                 "insufficient funds in account {:?}",
                 req.from
             )));
         }
-        let credited = sqlx::query(CREDIT)
+        let moved = sqlx::query(MOVE)
             .bind(req.amount)
+            .bind(&req.from)
             .bind(&req.to)
             .bind(&caller.0)
             .execute(&mut *c)
             .await?
             .rows_affected();
-        if credited != 1 {
-            // We touched it a moment ago under its row lock; this is a bug,
-            // so answer 5xx: the layer rolls back the debit with the claim.
-            return Err(Error::Internal("credit touched no row".into()));
+        if moved != 2 {
+            // The rows are locked and were checked a moment ago; this is a
+            // bug, so answer 5xx: the layer rolls back the debit with the claim.
+            return Err(Error::Internal(format!("transfer changed {moved} account rows, not 2")));
         }
         sqlx::query(INSERT)
             .bind(&id)
