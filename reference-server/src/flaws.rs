@@ -326,7 +326,23 @@ pub mod edge {
                     if !self.is_in_use(&response) {
                         return response;
                     }
-                    self.unclaimed(parts, body, None).await
+                    // Like a naive server that retries its own transaction
+                    // while the store is busy: on SQLite the request in
+                    // flight holds the writer past the store's wait bound, so
+                    // the first tries answer 503; once the writer is free the
+                    // duplicate executes (bounded: 30 s in all).
+                    let until = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+                    loop {
+                        let r = self
+                            .clone()
+                            .unclaimed(parts.clone(), body.clone(), None)
+                            .await;
+                        if r.status() != StatusCode::SERVICE_UNAVAILABLE
+                            || tokio::time::Instant::now() >= until
+                        {
+                            return r;
+                        }
+                    }
                 }
             }
         }
