@@ -207,6 +207,26 @@ pub enum ClaimOutcome<Tx> {
     Taken,
 }
 
+/// What a single-phase request learns about its key before it runs
+/// ([`KeyStore::observe`]).
+#[derive(Debug)]
+pub struct Observed<Tx> {
+    /// The committed record as read (possibly a moment old: the final write,
+    /// [`KeyStore::record_final`], is what arbitrates).
+    pub record: Option<KeyRecord>,
+    /// Another transaction holds this key's claim right now (PostgreSQL:
+    /// its advisory lock was not free): the key is in flight, though no
+    /// committed record shows it yet.
+    pub busy: bool,
+    /// A transaction that already holds this key's claim (PostgreSQL: the
+    /// advisory lock, taken by the same statement that read `record`), for
+    /// the request to run in if it executes; the caller rolls it back if
+    /// it does not. `None` when the store took no lock, and always on
+    /// SQLite, whose claim is the writer lock that
+    /// [`KeyStore::begin_single`] takes.
+    pub tx: Option<Tx>,
+}
+
 /// What a takeover won.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TakenOver {
@@ -299,6 +319,40 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         &self,
         req: &ClaimRequest<'_>,
     ) -> impl Future<Output = Result<ClaimOutcome<Self::Tx>>> + Send;
+
+    /// The observation of a single-phase request: its key's record and
+    /// whether another transaction is executing it, in as few statements as
+    /// the store allows (PostgreSQL: `BEGIN` plus one statement that reads
+    /// the record and takes the advisory try-lock; SQLite: one read outside
+    /// the writer, so replays never queue for it). See the module docs,
+    /// "The single-phase protocol".
+    fn observe(
+        &self,
+        id: &KeyId,
+        now: Millis,
+    ) -> impl Future<Output = Result<Observed<Self::Tx>>> + Send;
+
+    /// Opens the transaction a single-phase request runs in when
+    /// [`observe`](KeyStore::observe) gave none, holding the key's claim
+    /// for its whole life (PostgreSQL: the advisory lock; SQLite: the
+    /// writer lock). `None`: another transaction holds the key (busy).
+    fn begin_single(&self, id: &KeyId) -> impl Future<Output = Result<Option<Self::Tx>>> + Send;
+
+    /// Inside `tx`, at the end of a single-phase request: claims the key and
+    /// records its final `response` in one statement (`INSERT ... ON
+    /// CONFLICT DO UPDATE ... WHERE` the existing row is replaceable),
+    /// arbitrated by the primary key like [`claim`](KeyStore::claim).
+    /// `Some(generation)`: recorded (commit next); `None`: a committed
+    /// record that may not be replaced exists (a concurrent request won):
+    /// the caller rolls `tx` back, the endpoint's writes with it. Does not
+    /// commit.
+    fn record_final(
+        &self,
+        tx: &mut Self::Tx,
+        req: &ClaimRequest<'_>,
+        response: &StoredResponse,
+        now: Millis,
+    ) -> impl Future<Output = Result<Option<i64>>> + Send;
 
     /// Inside `tx`: makes `write` if `fence` is still current, else
     /// [`Error::Fenced`](crate::Error::Fenced) (the caller then rolls `tx`
