@@ -4,22 +4,32 @@
 //! key, fingerprint, `Prefer: wait`), then runs a short loop:
 //!
 //! ```text
-//!   observe: one read of the store + this process's in-flight registry
+//!   observe: the store's observation + this process's in-flight registry
+//!      │     (single-phase on PostgreSQL: BEGIN + one statement that reads
+//!      │      the record and takes the key's advisory try-lock)
 //!      ▼
 //!   decide (crate::decide, pure) ──► replay │ reject │ wait │ claim │ resume
 //!      ▲                                               │       │       │
 //!      └── wait over / claim lost a race ◄─────────────┘       │       │
 //!                                                              ▼       ▼
-//!   claim: one transaction, INSERT ... ON CONFLICT      take over the lease
-//!     └─► endpoint runs inside it ─► settle             └─► run the rest of
-//!           2xx/4xx: store the response + commit all          the phases
-//!           5xx:     roll back all; key absent again
+//!   single-phase: the transaction holding the key's      take over the lease
+//!   lock (no row yet) ─► endpoint runs inside it          └─► run the rest of
+//!      2xx/4xx: INSERT the complete record ON CONFLICT          the phases
+//!               DO UPDATE WHERE replaceable, COMMIT all
+//!               (no row back: lost the race, roll back all)
+//!      5xx:     roll back all; key absent again
+//!   multi-step: INSERT ... ON CONFLICT (claim), phases (crate::multistep)
 //! ```
 //!
 //! The loop ends: every turn returns, waits (bounded by the client's
 //! `Prefer: wait` and the server maximum; once that is over the decision is
 //! 409), or lost a claim race to a request that committed meanwhile (at most
-//! [`MAX_RACES`] times; the next read then sees its record).
+//! [`MAX_RACES`] times; the next read then sees its record). A single-phase
+//! request whose final write lost has run its endpoint (rolled back) and
+//! never runs it again: it answers from the winner's record, or 409.
+//!
+//! Why a single-phase request claims at the end, and the race that makes
+//! safe, is argued in [`crate::store`] ("The single-phase protocol").
 //!
 //! The local registry is an optimisation and the source of wake-ups, never
 //! the arbiter: two processes on one database are arbitrated by the store.
