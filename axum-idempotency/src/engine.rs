@@ -59,10 +59,10 @@ use crate::error::{Error, Result};
 use crate::failpoint::{FAILPOINT_HEADER, Failpoint, Failpoints, Position};
 use crate::key::{Caller, Fence, KeyId};
 use crate::layer::IdemTx;
-use crate::multistep::{Driver, Start};
+use crate::multistep::{Driver, Pulse, Start};
 use crate::store::{
-    AbandonedKey, ClaimOutcome, ClaimRequest, FencedWrite, KeyStore, StoredHeader, StoredRequest,
-    StoredResponse,
+    AbandonedKey, ClaimOutcome, ClaimRequest, FencedWrite, KeyRecord, KeyStore, StoredHeader,
+    StoredRequest, StoredResponse,
 };
 
 /// Most claim races one request may lose before it answers 409.
@@ -200,6 +200,8 @@ pub(crate) struct Incoming {
     pub(crate) request: StoredRequest,
     pub(crate) wait: Option<Duration>,
     pub(crate) armed: Vec<Failpoint>,
+    /// What the lease heartbeat of this request needs to know.
+    pub(crate) pulse: Arc<Pulse>,
 }
 
 /// How a claimed request is executed. Built once per request and never
@@ -331,6 +333,7 @@ impl<K: KeyStore> Engine<K> {
             request: key.request.clone(),
             wait: None,
             armed: Vec::new(),
+            pulse: Arc::default(),
         };
         let guard = self.registry.force_acquire(&incoming);
         driver.run(self, &incoming, Start::Resume, guard).await
@@ -399,6 +402,7 @@ impl<K: KeyStore> Engine<K> {
             },
             wait,
             armed,
+            pulse: Arc::default(),
         })
     }
 
@@ -461,7 +465,7 @@ impl<K: KeyStore> Engine<K> {
                 Decision::Reject(Reject::Mismatch) => return Err(Error::KeyMismatch),
                 Decision::Reject(Reject::InUse) => {
                     tracing::debug!(key = %incoming.id, "in flight: 409");
-                    return Err(self.in_use());
+                    return Err(self.in_use_of(stored.as_ref(), local.is_some(), now));
                 }
                 Decision::Wait => {
                     self.wait(deadline, local.as_deref()).await;
@@ -556,6 +560,30 @@ impl<K: KeyStore> Engine<K> {
         }
     }
 
+    /// The 409 for a key in flight, with a `Retry-After` that tells the
+    /// client when a retry can make progress. Held by this process: the
+    /// holder is alive, so the configured short hint. Held elsewhere (another
+    /// process, or one that crashed): the time left on its committed lease,
+    /// at least the configured hint and at most one lease, because that is
+    /// the earliest a retry can take the key over if its holder is gone; a
+    /// client with the default retry settings (three attempts) would spend
+    /// them all inside the lease otherwise (clause `idem.lease.heartbeat`).
+    fn in_use_of(&self, stored: Option<&KeyRecord>, held_here: bool, now: Millis) -> Error {
+        let floor = self.config.retry_after_secs;
+        let lease_left = stored
+            .filter(|_| !held_here)
+            .and_then(|r| r.lease_expires_at)
+            .map(|end| end.saturating_sub(now))
+            .filter(|left| *left > 0);
+        let Some(left) = lease_left else {
+            return self.in_use();
+        };
+        let secs = u64::try_from(left.saturating_add(999) / 1000).unwrap_or(u64::MAX);
+        Error::KeyInUse {
+            retry_after_secs: secs.clamp(floor, self.config.lease.as_secs().max(floor)),
+        }
+    }
+
     /// Waits for a wake-up (the holder is in this process) or one poll
     /// interval (it is in another process), never past `deadline`.
     async fn wait(&self, deadline: Instant, entry: Option<&Entry>) {
@@ -605,7 +633,7 @@ impl<K: KeyStore> Engine<K> {
         tracing::debug!(key = %incoming.id, "claimed; executing");
         let slot = IdemTx::<K>::new(tx);
         parts.extensions.insert(slot.clone());
-        self.hit(&incoming.armed, Position::After, RecoveryPoint::STARTED)
+        self.hit(incoming, Position::After, RecoveryPoint::STARTED)
             .await;
         // A single-phase request may not hold its key longer than its lease:
         // past it, the endpoint's future is dropped, its writes are rolled
@@ -674,10 +702,10 @@ impl<K: KeyStore> Engine<K> {
                 return Err(e);
             }
         }
-        self.hit(&incoming.armed, Position::Before, RecoveryPoint::FINISHED)
+        self.hit(incoming, Position::Before, RecoveryPoint::FINISHED)
             .await;
         self.store.commit(tx).await?;
-        self.hit(&incoming.armed, Position::After, RecoveryPoint::FINISHED)
+        self.hit(incoming, Position::After, RecoveryPoint::FINISHED)
             .await;
         Ok(Some(Response::from_parts(parts, Body::from(body))))
     }
@@ -718,7 +746,7 @@ impl<K: KeyStore> Engine<K> {
                 tx,
                 fence,
                 FencedWrite::Final(&stored),
-                &incoming.armed,
+                incoming,
                 Some(RecoveryPoint::FINISHED),
             )
             .await?;
@@ -753,7 +781,7 @@ impl<K: KeyStore> Engine<K> {
         mut tx: K::Tx,
         fence: &Fence,
         write: FencedWrite<'_>,
-        armed: &[Failpoint],
+        req: &Incoming,
         name: Option<&str>,
     ) -> Result<()> {
         let now = self.clock.now_ms();
@@ -765,19 +793,33 @@ impl<K: KeyStore> Engine<K> {
             return Err(e);
         }
         if let Some(name) = name {
-            self.hit(armed, Position::Before, name).await;
+            self.hit(req, Position::Before, name).await;
         }
         self.store.commit(tx).await?;
         if let Some(name) = name {
-            self.hit(armed, Position::After, name).await;
+            self.hit(req, Position::After, name).await;
         }
         Ok(())
     }
 
-    /// Fires the failpoints of `armed` at (`position`, `name`).
-    pub(crate) async fn hit(&self, armed: &[Failpoint], position: Position, name: &str) {
+    /// Fires the failpoints `req` armed at (`position`, `name`). A `pause`
+    /// stands for a stalled process (a long GC pause, a frozen VM), so the
+    /// request's lease heartbeat stalls with it: that is what lets a test
+    /// see a paused writer taken over and fenced.
+    pub(crate) async fn hit(&self, req: &Incoming, position: Position, name: &str) {
         if let Some(fp) = &self.failpoints {
-            fp.hit(armed, position, name).await;
+            let pauses = req.armed.iter().any(|f| {
+                f.action == crate::failpoint::Action::Pause
+                    && f.position == position
+                    && f.name == name
+            });
+            if pauses {
+                req.pulse.stall(true);
+            }
+            fp.hit(&req.armed, position, name).await;
+            if pauses {
+                req.pulse.stall(false);
+            }
         }
     }
 
@@ -1009,6 +1051,7 @@ mod tests {
             },
             wait: None,
             armed: Vec::new(),
+            pulse: Arc::default(),
         }
     }
 

@@ -11,7 +11,11 @@
 //! from the handler is never stored, so a client may retry it.
 //!
 //! Database and driver messages never reach a client: they are logged, and
-//! the client gets a generic, retryable 500.
+//! the client gets a generic, retryable 500, or, when the store itself is
+//! unavailable (unreachable, timed out, locked by another process, out of
+//! disk, read-only: a [`StoreFault`]), a `503 upstream_unavailable` with
+//! `Retry-After` (clause `idem.store.fail-closed`). Either way nothing was
+//! stored and the key was not claimed, so a retry with the same key is safe.
 //!
 //! [`IdemTx::lock`]: crate::IdemTx::lock
 //! [`Phase`]: crate::multistep::Phase
@@ -72,8 +76,9 @@ pub enum Error {
     /// refused and rolled back (clause `idem.lease.fencing`).
     #[error("the lease on this key was taken over by another worker; its outcome will be replayed")]
     Fenced,
-    /// A database call failed. Rendered as 500 without the driver's text.
-    #[error("database error: {0}")]
+    /// A database call failed. Rendered as 500 without the driver's text,
+    /// or as 503 `upstream_unavailable` when it is a [`StoreFault`].
+    #[error("database error{suffix}: {0}", suffix = fault_suffix(.0))]
     Store(#[from] sqlx::Error),
     /// Applying the key table's migrations failed.
     #[error("migration failed: {0}")]
@@ -98,16 +103,27 @@ impl Error {
             Self::MalformedBody(_) => ErrorCode::MalformedBody,
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::Failpoint(_) => ErrorCode::ValidationFailed,
+            Self::Store(e) if StoreFault::of(e).is_some() => ErrorCode::UpstreamUnavailable,
             Self::Store(_) | Self::Migrate(_) | Self::Config(_) | Self::Internal(_) => {
                 ErrorCode::InternalError
             }
         }
     }
 
+    /// What kind of store unavailability this is, if it is one.
+    pub fn store_fault(&self) -> Option<StoreFault> {
+        match self {
+            Self::Store(e) => StoreFault::of(e),
+            _ => None,
+        }
+    }
+
     /// The problem document for this error under `profile`.
     pub fn to_problem(&self, profile: Profile) -> Problem {
         let code = self.code();
-        let detail = if code == ErrorCode::InternalError {
+        let detail = if let Some(fault) = self.store_fault() {
+            fault.client_detail()
+        } else if code == ErrorCode::InternalError {
             // Driver messages can carry SQL and schema names; they go to the
             // log, never to the client.
             "The server failed. Nothing was stored and the key was released: retry with the same Idempotency-Key.".to_owned()
@@ -122,6 +138,7 @@ impl Error {
         match self {
             Self::KeyInUse { retry_after_secs } => Some(*retry_after_secs),
             Self::Fenced => Some(1),
+            Self::Store(e) if StoreFault::of(e).is_some() => Some(STORE_RETRY_AFTER_SECS),
             _ => None,
         }
     }
@@ -131,6 +148,105 @@ impl Error {
     pub fn into_response_in(self, profile: Profile) -> Response {
         problem_response(&self.to_problem(profile), self.retry_after_secs(), &self)
     }
+}
+
+/// `Retry-After` (seconds) on a 503 for an unavailable store: short,
+/// because the store is usually back within seconds (a failover, a restart,
+/// a lock released) and the answer itself was fast.
+pub const STORE_RETRY_AFTER_SECS: u64 = 1;
+
+/// Why the key store could not serve a request: the failures that are the
+/// store's state rather than a bug, answered `503 upstream_unavailable` with
+/// `Retry-After` instead of `500` (clause `idem.store.fail-closed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreFault {
+    /// No connection within the bounded acquire time (the store is down,
+    /// unreachable, or every connection is busy), or a statement ran past
+    /// its time bound.
+    Timeout,
+    /// The connection failed or was refused, or the server is shutting
+    /// down or starting.
+    Unreachable,
+    /// Another process holds the database's write lock past the busy bound
+    /// (SQLite `SQLITE_BUSY`/`SQLITE_LOCKED`).
+    Locked,
+    /// The disk (or the database's quota) is full.
+    DiskFull,
+    /// The database is read-only (file permissions, a read-only mount, a
+    /// standby server).
+    ReadOnly,
+}
+
+impl StoreFault {
+    /// Classifies a driver error; `None` for errors that are not the
+    /// store's availability (a constraint violation, a bug in SQL).
+    pub fn of(e: &sqlx::Error) -> Option<Self> {
+        match e {
+            sqlx::Error::PoolTimedOut => Some(Self::Timeout),
+            sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::WorkerCrashed => Some(Self::Unreachable),
+            sqlx::Error::Database(db) => {
+                let code = db.code()?;
+                if let Ok(n) = code.parse::<i64>() {
+                    // SQLite: (extended) result codes; the primary code is
+                    // the low byte.
+                    match n & 0xff {
+                        5 | 6 => Some(Self::Locked),
+                        8 => Some(Self::ReadOnly),
+                        13 => Some(Self::DiskFull),
+                        10 | 14 => Some(Self::Unreachable),
+                        _ => None,
+                    }
+                } else {
+                    // PostgreSQL: SQLSTATE.
+                    match code.as_ref() {
+                        "25006" => Some(Self::ReadOnly),
+                        "53100" => Some(Self::DiskFull),
+                        "57014" => Some(Self::Timeout),
+                        "55P03" => Some(Self::Locked),
+                        c if c.starts_with("08") || c.starts_with("53") => Some(Self::Unreachable),
+                        "57P01" | "57P02" | "57P03" => Some(Self::Unreachable),
+                        _ => None,
+                    }
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// A few words for logs and the client's `detail`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timed out",
+            Self::Unreachable => "unreachable",
+            Self::Locked => "locked by another process",
+            Self::DiskFull => "out of disk space",
+            Self::ReadOnly => "read-only",
+        }
+    }
+
+    /// The problem `detail` a client gets: what happened and that a retry
+    /// with the same key is safe, without the driver's text.
+    pub fn client_detail(self) -> String {
+        format!(
+            "The key store is unavailable ({}). Nothing was stored and the key was not claimed: \
+             retry with the same Idempotency-Key after Retry-After.",
+            self.as_str()
+        )
+    }
+}
+
+impl std::fmt::Display for StoreFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+pub(crate) fn fault_suffix(e: &sqlx::Error) -> String {
+    StoreFault::of(e).map_or_else(String::new, |f| format!(" (store {f})"))
 }
 
 /// Renders `problem` (and `Retry-After`), logging `cause` at ERROR for a

@@ -123,8 +123,8 @@ pub mod reaper;
 pub mod store;
 
 pub use engine::{Engine, EngineConfig};
-pub use error::{Error, Result};
+pub use error::{Error, Result, StoreFault};
 pub use idem_spec::{Fingerprint, IdempotencyKey, RecoveryPoint};
 pub use key::{Caller, Fence, KeyId};
 pub use layer::{IdemTx, IdempotencyLayer, IdempotencyService};
-pub use store::{PgStore, SqliteStore, Store};
+pub use store::{PgStore, SqliteStore, Store, StoreOptions};

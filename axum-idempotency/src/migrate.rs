@@ -118,7 +118,12 @@ macro_rules! run {
         let applied: Vec<(i64, String)> = sqlx::query_as(APPLIED_SQL).fetch_all(&mut *tx).await?;
         for m in pending(&$all, &applied)? {
             sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(|e| {
-                Error::Migrate(format!("migration {} ({}): {e}", m.version, m.description))
+                Error::Migrate(format!(
+                    "migration {} ({}): {e}{}",
+                    m.version,
+                    m.description,
+                    crate::error::fault_suffix(&e)
+                ))
             })?;
             sqlx::query(RECORD_SQL)
                 .bind(m.version)

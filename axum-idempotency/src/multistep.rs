@@ -95,6 +95,8 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{HeaderName, Request, Response};
@@ -237,9 +239,12 @@ impl<K: KeyStore> Phase<'_, K> {
             lease_expires_at,
         };
         self.engine
-            .commit_fenced(tx, &self.fence, write, &self.req.armed, None)
+            .commit_fenced(tx, &self.fence, write, self.req, None)
             .await?;
         self.intent_committed = true;
+        // The key is committed now: keep its lease alive through the
+        // foreign call that follows.
+        self.req.pulse.committed();
         Ok(())
     }
 
@@ -273,7 +278,82 @@ impl<K: KeyStore> Phase<'_, K> {
     /// Fires the request's failpoints armed at (`position`, `name`) (only
     /// when the engine opted in to failpoints).
     pub async fn failpoint(&self, position: Position, name: &str) {
-        self.engine.hit(&self.req.armed, position, name).await;
+        self.engine.hit(self.req, position, name).await;
+    }
+}
+
+/// How often the heartbeat renews a lease: a third of it, so two renewals
+/// can fail (a slow store, a busy writer gate) before the lease runs out.
+pub const HEARTBEAT_FRACTION: u32 = 3;
+
+/// What a request's lease heartbeat reads: whether the key is committed
+/// (before that there is no row to renew: the claim is still inside its
+/// transaction) and whether a `pause` failpoint stalls the request.
+#[derive(Debug, Default)]
+pub(crate) struct Pulse {
+    committed: AtomicBool,
+    stalled: AtomicBool,
+}
+
+impl Pulse {
+    pub(crate) fn committed(&self) {
+        self.committed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn stall(&self, on: bool) {
+        self.stalled.store(on, Ordering::Release);
+    }
+
+    fn beats(&self) -> bool {
+        self.committed.load(Ordering::Acquire) && !self.stalled.load(Ordering::Acquire)
+    }
+}
+
+/// The lease heartbeat of one multi-step request (clause
+/// `idem.lease.heartbeat`): a task that renews the key's lease every
+/// lease / [`HEARTBEAT_FRACTION`] while the request runs, a foreign call
+/// included, each renewal fenced by the generation. So the lease can be
+/// short (10 s by default) and a crashed worker's key is taken over soon,
+/// while a live one is never taken over however long its phases take.
+/// A renewal that finds the key taken over (or settled) ends the task: the
+/// worker's next commit is fenced anyway. Aborted on drop.
+struct Heartbeat(tokio::task::JoinHandle<()>);
+
+impl Heartbeat {
+    fn start<K: KeyStore>(engine: &Engine<K>, fence: &Fence, pulse: Arc<Pulse>) -> Self {
+        let (engine, fence) = (engine.clone(), fence.clone());
+        let every = (engine.config().lease / HEARTBEAT_FRACTION).max(Duration::from_millis(50));
+        Self(tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                if !pulse.beats() {
+                    continue;
+                }
+                let now = engine.clock().now_ms();
+                match engine
+                    .store()
+                    .renew_lease(&fence, now, engine.lease_ends(now))
+                    .await
+                {
+                    Ok(true) => tracing::trace!(%fence, "lease renewed"),
+                    Ok(false) => {
+                        tracing::warn!(%fence, "lease heartbeat: the key was taken over or \
+                            settled; this worker's commits will be fenced");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(%fence, error = %e,
+                        "lease heartbeat failed; trying again at the next beat"),
+                }
+            }
+        }))
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -356,9 +436,15 @@ impl<M> Driven<M> {
         // Whether nothing of this request is committed yet: then a failure
         // rolls back the claim itself and the key is absent again.
         let mut fresh = tx.is_some();
+        if !fresh {
+            req.pulse.committed();
+        }
+        // Renews the lease while the phases run; stopped (dropped) before
+        // the request settles or when it ends any other way.
+        let heartbeat = Heartbeat::start(engine, &fence, req.pulse.clone());
         if fresh {
             engine
-                .hit(&req.armed, Position::After, RecoveryPoint::STARTED)
+                .hit(req, Position::After, RecoveryPoint::STARTED)
                 .await;
             if Failpoints::injects_error(&req.armed) {
                 let response = injected_error(engine.config().profile);
@@ -397,9 +483,10 @@ impl<M> Driven<M> {
                         lease_expires_at: engine.lease_ends(engine.clock().now_ms()),
                     };
                     engine
-                        .commit_fenced(t, &fence, write, &req.armed, Some(next.as_str()))
+                        .commit_fenced(t, &fence, write, req, Some(next.as_str()))
                         .await?;
                     fresh = false;
+                    req.pulse.committed();
                     tracing::info!(%fence, point = %next, "recovery point committed");
                     point = next;
                     continue;
@@ -410,11 +497,15 @@ impl<M> Driven<M> {
                     e.into_response()
                 }
             };
+            // Settling stores the response or releases the key: no renewal
+            // may land after it.
+            drop(heartbeat);
             return engine
                 .settle(req, &fence, phase_tx, fresh, response, &self.replay_headers)
                 .await
                 .map(Some);
         }
+        drop(heartbeat);
         engine.fail(&fence, tx, fresh).await?;
         Err(Error::Internal(format!(
             "the endpoint ran more than {MAX_PHASES} phases"
@@ -515,6 +606,7 @@ mod tests {
             },
             wait: None,
             armed: Vec::new(),
+            pulse: Arc::default(),
         }
     }
 

@@ -291,8 +291,8 @@ async fn reap_deletes_past_retention_and_reports_unfinished(b: Backend) {
     complete(&s, young.tx, &id("alice", "young").fence(1), 10 * HOUR)
         .await
         .unwrap();
-    assert_eq!(s.reap(72 * HOUR - 1).await.unwrap().deleted, 0);
-    let report = s.reap(72 * HOUR).await.unwrap();
+    assert_eq!(s.reap(72 * HOUR - 1, 1_000).await.unwrap().deleted, 0);
+    let report = s.reap(72 * HOUR, 1_000).await.unwrap();
     assert_eq!(report.deleted, 2);
     assert_eq!(
         report.unfinished,
@@ -304,6 +304,119 @@ async fn reap_deletes_past_retention_and_reports_unfinished(b: Backend) {
     assert!(s.lookup(&id("alice", "young")).await.unwrap().is_some());
 }
 both!(reap_deletes_past_retention_and_reports_unfinished);
+
+/// Inserts `n` records of `state` at `point` whose retention ends at
+/// `expires_at`, keys `{prefix}{i}`, in one statement.
+async fn insert_many(s: &Store, prefix: &str, n: i64, state: &str, point: &str, expires_at: i64) {
+    with_pool!(s, p => {
+        sqlx::query(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1) \
+             INSERT INTO idempotency_keys (caller, idem_key, fingerprint, state, recovery_point, \
+             generation, created_at, replay_until, expires_at, request_method, request_path) \
+             SELECT 'alice', CAST($2 AS TEXT) || CAST(i AS TEXT), $3, $4, $5, 1, 0, 0, $6, \
+             'POST', '/x' FROM n",
+        )
+        .bind(n)
+        .bind(prefix)
+        .bind(fp("fp").to_hex())
+        .bind(state)
+        .bind(point)
+        .bind(expires_at)
+        .execute(p)
+        .await
+        .unwrap();
+    });
+}
+
+/// A `MakeWriter` into a shared buffer: the log lines a test reads back.
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+/// A clock stopped at one instant.
+#[derive(Debug)]
+struct At(i64);
+
+impl axum_idempotency::clock::Clock for At {
+    fn now_ms(&self) -> i64 {
+        self.0
+    }
+}
+
+// clause: idem.reaper.retention
+async fn a_reaper_pass_deletes_a_backlog_in_bounded_batches_and_logs_one_summary(b: Backend) {
+    let db = db!(b, "store-reap-batches");
+    let s = store(&db).await;
+    insert_many(&s, "done-", 250, "complete", "finished", 72 * HOUR).await;
+    insert_many(&s, "stuck-", 25, "in_flight", "charge_created", 72 * HOUR).await;
+    insert_many(&s, "young-", 5, "complete", "finished", 80 * HOUR).await;
+    let logs = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(logs.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let clock = At(72 * HOUR);
+    let config = axum_idempotency::reaper::ReaperConfig {
+        batch_size: 100,
+        pause: std::time::Duration::from_millis(1),
+        max_batches: 100,
+    };
+    let report = {
+        // The pass runs on this thread (the test body is not spawned).
+        let _guard = tracing::subscriber::set_default(subscriber);
+        axum_idempotency::reaper::reap_once_with(&s, &clock, &config)
+            .await
+            .unwrap()
+    };
+    assert_eq!(report.deleted, 275, "the whole backlog");
+    assert_eq!(report.batches, 3, "100 + 100 + 75, one transaction each");
+    assert_eq!(report.unfinished, 25);
+    assert_eq!(
+        report.unfinished_sample.len(),
+        axum_idempotency::reaper::UNFINISHED_SAMPLE
+    );
+    assert!(s.lookup(&id("alice", "young-1")).await.unwrap().is_some());
+    assert!(s.lookup(&id("alice", "stuck-1")).await.unwrap().is_none());
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("axum_idempotency::reaper"))
+        .collect();
+    assert_eq!(lines.len(), 2, "one summary and one warning: {text}");
+    assert!(
+        lines[0].contains("INFO")
+            && lines[0].contains("deleted=275")
+            && lines[0].contains("batches=3"),
+        "{text}"
+    );
+    assert!(
+        lines[1].contains("WARN") && lines[1].contains("unfinished=25"),
+        "{text}"
+    );
+    // Nothing left: the next pass is one empty batch and says nothing.
+    let again = axum_idempotency::reaper::reap_once_with(&s, &clock, &config)
+        .await
+        .unwrap();
+    assert_eq!((again.deleted, again.batches), (0, 1));
+}
+both!(a_reaper_pass_deletes_a_backlog_in_bounded_batches_and_logs_one_summary);
 
 // clause: idem.inflight.conflict
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

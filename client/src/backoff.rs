@@ -177,7 +177,7 @@ mod tests {
         }
     }
 
-    // clause: idem.client.backoff-jitter
+    // clause: idem.client.backoff-jitter, idem.client.no-unjittered-backoff
     #[test]
     fn defaults_are_full_jitter_500ms_base_20s_cap() {
         let b = Backoff::default();

@@ -155,7 +155,7 @@ async fn a_caller_key_is_sent_unchanged_on_every_attempt() {
     );
 }
 
-// clause: idem.client.key-per-operation
+// clause: idem.client.key-per-operation, idem.client.auto-key
 #[tokio::test]
 async fn each_logical_operation_gets_its_own_minted_key() {
     let (url, script) = serve(vec![answer(503), answer(201), answer(503), answer(201)]).await;

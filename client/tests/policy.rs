@@ -675,7 +675,7 @@ fn refusals_before_the_budget_cost_nothing() {
     assert_eq!(budget.available(), 500 - 2 * 14);
 }
 
-// clause: idem.client.backoff-jitter
+// clause: idem.client.backoff-jitter, idem.client.decorrelated-jitter
 #[test]
 fn decorrelated_jitter_is_available_through_the_policy() {
     let p = RetryPolicy {

@@ -36,7 +36,7 @@ pub async fn build(cli: &Cli) -> Result<App> {
     let tokens = cli.token_map()?;
     let flaws = cli.flaw_set();
     let config = flaws.engine_config(cli.engine_config()?);
-    let store = Store::connect(&cli.database_url, cli.max_connections).await?;
+    let store = Store::connect_with(&cli.database_url, &cli.store_options()).await?;
     // The key table first (axum-idempotency keeps its own migration
     // history), then this application's tables with sqlx's migrator.
     store.migrate().await?;
@@ -158,10 +158,17 @@ pub fn router(state: AppState) -> Router {
     let doc = Arc::new(openapi::document(state.profile, &state.policy));
     let mut app = Router::new()
         .merge(api)
+        // Liveness: the process serves. It stays 200 while the store is
+        // down, so an orchestrator does not restart a process that would
+        // recover by itself.
         .route(
             "/healthz",
             get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
         )
+        // Readiness: the store answers too (503 upstream_unavailable with
+        // Retry-After within the store timeout otherwise), so a load
+        // balancer sends traffic elsewhere during an outage.
+        .route("/readyz", get(readyz))
         .route(
             "/openapi.json",
             get(move || {
@@ -194,6 +201,20 @@ pub fn router(state: AppState) -> Router {
         }))
 }
 
+/// `GET /readyz`: 200 `{"status":"ready"}` when the store answers a
+/// `SELECT 1` within the store timeout, else the store's 503.
+async fn readyz(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> Result<axum::Json<serde_json::Value>> {
+    match state.store.ping().await {
+        Ok(()) => Ok(axum::Json(serde_json::json!({"status": "ready"}))),
+        Err(e) => {
+            tracing::warn!(error = %e, "readiness: the store does not answer");
+            Err(Error::Idempotency(e))
+        }
+    }
+}
+
 /// Puts bearer authentication in front of every route of `routes` (and, in
 /// a `flaws` build with `global-keys`, the scope-flattening middleware
 /// right after it).
@@ -223,15 +244,6 @@ pub async fn serve(cli: Cli) -> Result<()> {
             "TEST HOOKS ARE ON: /_test/* routes move the server clock, delete keys and run jobs \
              without authentication, and the Idem-Failpoint header can abort this process. \
              Never run this in production."
-        );
-    }
-    if cli.processor_url.is_some() && cli.processor_timeout_secs >= cli.lease_secs {
-        tracing::warn!(
-            processor_timeout_secs = cli.processor_timeout_secs,
-            lease_secs = cli.lease_secs,
-            "a processor call may outlast the lease: a retry or the completer can then take the \
-             key over mid-call (safe, the first writer is fenced, but wasteful); keep \
-             --processor-timeout-secs below --lease-secs"
         );
     }
     if !app.state.flaws.list().is_empty() {

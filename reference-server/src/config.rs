@@ -31,7 +31,11 @@ pub const DEMO_TOKENS: [(&str, &str); 2] = [("demo-alice", "alice"), ("demo-bob"
 PostgreSQL, with an example bank API: POST /v1/transfers (one transaction) and POST /v1/payments \
 (multi-step, through an external payment processor).\n\n\
 The first line printed on stdout is `listening on http://ADDR` (machine-readable; use \
---listen 127.0.0.1:0 to let the OS pick a free port). GET /healthz answers 200 when ready.\n\n\
+--listen 127.0.0.1:0 to let the OS pick a free port). GET /healthz (liveness) answers 200 while \
+the process serves; GET /readyz (readiness) answers 200 when the database answers too and 503 \
+when it does not. While the database is unreachable, locked, full or read-only, idempotent \
+requests are answered 503 upstream_unavailable with Retry-After within --store-timeout-ms; \
+nothing runs without its claim.\n\n\
 Callers authenticate with `Authorization: Bearer TOKEN`. Without --token/--tokens-file the demo \
 tokens demo-alice (caller alice) and demo-bob (caller bob) are served.\n\n\
 POST /v1/payments (the multi-step example) charges a card at the payment processor given by \
@@ -97,7 +101,10 @@ pub struct Cli {
     #[arg(long, default_value_t = policy::DEFAULT_RETENTION_SECS)]
     pub retention_secs: u64,
 
-    /// Lease on an in-flight key.
+    /// Lease on an in-flight key. A live multi-step request renews it every
+    /// third of it (processor calls included); a crashed holder's key can be
+    /// taken over once it runs out. Also the longest a single-phase request
+    /// may run.
     #[arg(long, default_value_t = policy::DEFAULT_LEASE_SECS)]
     pub lease_secs: u64,
 
@@ -109,7 +116,8 @@ pub struct Cli {
     #[arg(long, default_value_t = policy::DEFAULT_MAX_WAIT_SECS)]
     pub max_wait_secs: u64,
 
-    /// How often the reaper deletes records past retention.
+    /// How often the reaper deletes records past retention (in batches of
+    /// at most 1,000 per transaction, one summary log line per pass).
     #[arg(long, default_value_t = 60)]
     pub reaper_interval_secs: u64,
 
@@ -142,6 +150,17 @@ pub struct Cli {
     /// Database connection pool size.
     #[arg(long, default_value_t = 10)]
     pub max_connections: u32,
+
+    /// Longest wait, in milliseconds, for a database connection or for
+    /// SQLite's write lock; past it a request is answered 503
+    /// upstream_unavailable with Retry-After (and /readyz 503), never held.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub store_timeout_ms: u64,
+
+    /// Longest one PostgreSQL statement may run, in milliseconds
+    /// (statement_timeout); keep it below the lease.
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
+    pub statement_timeout_ms: u64,
 
     /// Expose the /_test/* routes and honour the Idem-Failpoint header. Never in production.
     #[arg(long)]
@@ -286,6 +305,14 @@ impl Cli {
             ..EngineConfig::default()
         }
         .policy()
+    }
+
+    /// The pool settings these flags ask for.
+    pub fn store_options(&self) -> axum_idempotency::StoreOptions {
+        axum_idempotency::StoreOptions::default()
+            .max_connections(self.max_connections)
+            .acquire_timeout(Duration::from_millis(self.store_timeout_ms))
+            .statement_timeout(Duration::from_millis(self.statement_timeout_ms))
     }
 
     /// The connection-level limits these flags ask for.

@@ -18,7 +18,8 @@
 use std::future::Future;
 
 use axum::response::{IntoResponse, Response};
-use axum_idempotency::error::problem_response;
+use axum_idempotency::StoreFault;
+use axum_idempotency::error::{STORE_RETRY_AFTER_SECS, problem_response};
 use idem_spec::{ErrorCode, Problem, Profile};
 
 tokio::task_local! {
@@ -120,6 +121,7 @@ impl Error {
             Self::UpstreamUnavailable { .. } | Self::NotConfigured(_) => {
                 ErrorCode::UpstreamUnavailable
             }
+            Self::Store(e) if StoreFault::of(e).is_some() => ErrorCode::UpstreamUnavailable,
             Self::Store(_)
             | Self::Migrate(_)
             | Self::Config(_)
@@ -134,7 +136,9 @@ impl Error {
             return e.to_problem(profile);
         }
         let code = self.code();
-        let detail = if code == ErrorCode::InternalError {
+        let detail = if let Some(fault) = self.store_fault() {
+            fault.client_detail()
+        } else if code == ErrorCode::InternalError {
             // Driver messages can carry SQL and schema names; they go to the
             // log, never to the client.
             "The server failed. Nothing was stored and the key was released: retry with the same Idempotency-Key.".to_owned()
@@ -146,10 +150,21 @@ impl Error {
 }
 
 impl Error {
+    /// The store unavailability behind this error, if it is one (answered
+    /// 503 `upstream_unavailable` with `Retry-After`).
+    pub fn store_fault(&self) -> Option<StoreFault> {
+        match self {
+            Self::Store(e) => StoreFault::of(e),
+            Self::Idempotency(e) => e.store_fault(),
+            _ => None,
+        }
+    }
+
     /// The `Retry-After` seconds this error advertises, if any.
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             Self::Idempotency(e) => e.retry_after_secs(),
+            Self::Store(e) if StoreFault::of(e).is_some() => Some(STORE_RETRY_AFTER_SECS),
             Self::UpstreamUnavailable {
                 retry_after_secs, ..
             } => Some(*retry_after_secs),

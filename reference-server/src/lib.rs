@@ -30,7 +30,12 @@
 //! `--body-read-timeout-secs` (30), `--idle-timeout-secs` (60) and
 //! `--max-client-connections` (see [`serve`]),
 //! `--write-openapi PATH`,
-//! `--replay-window-secs`, `--retention-secs`, `--lease-secs`,
+//! the store bounds `--store-timeout-ms` (2000: longest wait for a
+//! database connection or SQLite's write lock, past which a request is
+//! answered 503 `upstream_unavailable` with `Retry-After`) and
+//! `--statement-timeout-ms` (5000, PostgreSQL),
+//! `--replay-window-secs`, `--retention-secs`, `--lease-secs` (10; a live
+//! multi-step request renews its lease every third of it),
 //! `--retry-after-secs`, `--max-wait-secs`, `--reaper-interval-secs`,
 //! `--enqueuer-interval-ms`, `--completer-interval-ms`, `--processor-url`,
 //! `--processor-timeout-secs`, `--failpoint-max-pause-secs`,
@@ -61,7 +66,8 @@
 //! | `POST /v1/payments` | bearer | idempotent, multi-step; `{"amount","currency","source"?,"description"?}` → 201, 402 declined, 503 processor unavailable |
 //! | `GET /v1/payments[?idempotency_key=K][&description=D]`, `GET /v1/payments/{id}` | bearer | payments (a page at a time) and their `status` |
 //! | `GET /v1/receipts` | bearer | receipt jobs the enqueuer delivered (a page at a time) |
-//! | `GET /healthz` | none | 200 when serving |
+//! | `GET /healthz` | none | liveness: 200 while the process serves, store outage or not |
+//! | `GET /readyz` | none | readiness: 200 when the store answers, 503 `upstream_unavailable` with `Retry-After` when it does not |
 //! | `GET /openapi.json` | none | the document, with `x-idempotency` |
 //! | `POST /_test/clock` `{"advance_secs":N}`, `POST /_test/reap`, `POST /_test/complete`, `POST /_test/enqueue` | none | only with `--test-hooks` |
 //! | `GET /_test/failpoints`, `POST /_test/failpoints/release` | none | only with `--test-hooks` |

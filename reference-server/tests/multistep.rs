@@ -408,7 +408,7 @@ async fn receipts(router: &Router) -> serde_json::Value {
     r.json()
 }
 
-// clause: idem.multistep.phases
+// clause: idem.multistep.phases, idem.multistep.staged-jobs
 async fn the_enqueuer_never_sees_a_job_before_its_commit(backend: Backend) {
     let Some(e) = env(backend, "ms_enqueue", &[]).await else {
         return;

@@ -8,9 +8,11 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_REPLAY_WINDOW_SECS: u64 = 24 * 60 * 60;
 /// Default retention: 72 hours (clause `idem.window.retention`).
 pub const DEFAULT_RETENTION_SECS: u64 = 72 * 60 * 60;
-/// Default lease on an in-flight key. Long enough for a slow foreign call,
-/// short enough that an abandoned request is taken over within a minute.
-pub const DEFAULT_LEASE_SECS: u64 = 60;
+/// Default lease on an in-flight key. A live request renews it (a
+/// heartbeat every third of it, clause `idem.lease.heartbeat`), so it need
+/// not outlast a slow foreign call; short, so a crashed holder's key is
+/// taken over well inside a client's default 30 s deadline.
+pub const DEFAULT_LEASE_SECS: u64 = 10;
 /// Default `Retry-After` on a 409 `idempotency_key_in_use`, in seconds.
 pub const DEFAULT_IN_USE_RETRY_AFTER_SECS: u64 = 1;
 /// Default longest hold for `Prefer: wait=N`, in seconds.

@@ -15,9 +15,14 @@
 //! - [`cargo_bin`]: builds (or finds fresh) another package's binary from a
 //!   test of a crate that cannot use `env!("CARGO_BIN_EXE_...")`.
 //! - [`TempDir`]: a directory under the system temp dir, removed on drop.
+//! - [`mod@pg`]: [`PgCluster`], a PostgreSQL cluster of a test's own, to
+//!   stop and start under a running server.
+//! - [`Tmpfs`]: a small tmpfs mounted for one test (root only), to fill a
+//!   filesystem for real.
 
 pub mod child;
 pub mod db;
+pub mod pg;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,6 +31,7 @@ use std::sync::{Mutex, OnceLock};
 
 pub use child::{ChildServer, READY_PREFIX, SpawnError};
 pub use db::{Backend, TestDb};
+pub use pg::PgCluster;
 
 /// A fresh directory under the system temp dir, removed (with everything
 /// in it) on drop.
@@ -58,6 +64,62 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A tmpfs of a fixed size mounted on a fresh directory, unmounted (and the
+/// directory removed) on drop. Mounting needs root.
+#[derive(Debug)]
+pub struct Tmpfs {
+    dir: TempDir,
+}
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` (e.g. `"4m"`), or `None` (after a loud
+    /// SKIPPED line naming `test`) when this process is not root.
+    ///
+    /// # Panics
+    /// When running as root and the mount fails.
+    pub fn mount(size: &str, test: &str) -> Option<Self> {
+        let root = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+        if !root {
+            eprintln!("\n*** SKIPPED {test}: mounting a tmpfs needs root ***\n");
+            return None;
+        }
+        let dir = TempDir::new("idem-tmpfs");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status();
+        assert!(
+            status.as_ref().is_ok_and(|s| s.success()),
+            "mount -t tmpfs failed: {status:?}"
+        );
+        Some(Self { dir })
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A path inside the mount.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazy: a file still open in the test process must not keep the
+        // mount (and the test machine's memory) alive.
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
     }
 }
 

@@ -6,17 +6,17 @@
 //! [`with_pool!`](crate::with_pool) on whichever pool. An application on one
 //! database uses [`SqliteStore`] or [`PgStore`] directly and needs neither.
 
+use std::str::FromStr;
 use std::time::Duration;
 
 use idem_spec::Fingerprint;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::sqlite::SqlitePoolOptions;
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, SqliteConnection};
 
 use super::ops::StagedJob;
 use super::{
     AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
-    PgStore, ReapReport, SqliteStore, SqliteTx, StagedJobs, StoredResponse, TakenOver,
+    PgStore, ReapBatch, SqliteStore, SqliteTx, StagedJobs, StoredResponse, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::{Error, Result};
@@ -109,23 +109,96 @@ macro_rules! with_pool {
     };
 }
 
+/// The default bound on waiting for the store: a connection from the pool,
+/// SQLite's write lock (the writer gate and another process's lock). Short,
+/// so an outage is answered `503` at once instead of hanging requests
+/// (clause `idem.store.fail-closed`).
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The default bound on one statement (PostgreSQL `statement_timeout`),
+/// below the default lease so a stuck statement cannot outlive its key.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How [`Store::connect_with`] builds its pool: size and the time bounds
+/// that make a store outage fail fast.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Pool size (at least 1).
+    pub max_connections: u32,
+    /// Longest wait for a connection or for SQLite's write lock; past it
+    /// the request is answered `503 upstream_unavailable`.
+    pub acquire_timeout: Duration,
+    /// Longest one PostgreSQL statement may run (server-side
+    /// `statement_timeout`); not applied to SQLite, whose statements are
+    /// local and bounded by its busy timeout.
+    pub statement_timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 10,
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
+            statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
+        }
+    }
+}
+
+impl StoreOptions {
+    /// Sets the pool size.
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n;
+        self
+    }
+
+    /// Sets the bound on waiting for a connection (and SQLite's lock).
+    pub fn acquire_timeout(mut self, d: Duration) -> Self {
+        self.acquire_timeout = d;
+        self
+    }
+
+    /// Sets the bound on one PostgreSQL statement.
+    pub fn statement_timeout(mut self, d: Duration) -> Self {
+        self.statement_timeout = d;
+        self
+    }
+}
+
 impl Store {
+    /// Opens a pool on `database_url` with [`StoreOptions::default`] but
+    /// `max_connections`. See [`Store::connect_with`].
+    pub async fn connect(database_url: &str, max_connections: u32) -> Result<Self> {
+        Self::connect_with(
+            database_url,
+            &StoreOptions::default().max_connections(max_connections),
+        )
+        .await
+    }
+
     /// Opens a pool on `database_url`: `sqlite://PATH` (created if missing,
     /// with [`SqliteStore::recommended_options`]), `sqlite::memory:`, or
-    /// `postgres://...`. It does not migrate: call [`Store::migrate`].
-    pub async fn connect(database_url: &str, max_connections: u32) -> Result<Self> {
-        let max = max_connections.max(1);
+    /// `postgres://...`, with the pool settings of
+    /// [`SqliteStore::pool_options`] / [`PgStore::pool_options`] (bounded
+    /// acquire, connections tested before use and retired when a failed
+    /// commit or rollback left them inside a transaction). It does not
+    /// migrate: call [`Store::migrate`].
+    pub async fn connect_with(database_url: &str, options: &StoreOptions) -> Result<Self> {
+        let max = options.max_connections.max(1);
         if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
-            let pool = PgPoolOptions::new()
+            let statement_ms = options.statement_timeout.as_millis().max(1);
+            let connect = PgConnectOptions::from_str(database_url)?
+                .options([("statement_timeout", statement_ms)]);
+            let pool = PgStore::pool_options(options.acquire_timeout)
                 .max_connections(max)
-                .acquire_timeout(Duration::from_secs(30))
-                .connect(database_url)
+                .connect_with(connect)
                 .await?;
             Ok(Self::Postgres(PgStore::new(pool)))
         } else if database_url.starts_with("sqlite:") {
-            let pool = SqlitePoolOptions::new()
+            let connect = SqliteStore::recommended_options(database_url)?
+                .busy_timeout(options.acquire_timeout);
+            let pool = SqliteStore::pool_options(options.acquire_timeout)
                 .max_connections(max)
-                .connect_with(SqliteStore::recommended_options(database_url)?)
+                .connect_with(connect)
                 .await?;
             Ok(Self::Sqlite(SqliteStore::new(pool)))
         } else {
@@ -148,6 +221,15 @@ impl Store {
         match self {
             Self::Sqlite(_) => "sqlite",
             Self::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Whether the store answers now: one connection (bounded by the
+    /// acquire timeout) and `SELECT 1`. What a readiness probe asks.
+    pub async fn ping(&self) -> Result<()> {
+        match self {
+            Self::Sqlite(s) => s.ping().await,
+            Self::Postgres(s) => s.ping().await,
         }
     }
 
@@ -278,6 +360,18 @@ impl KeyStore for Store {
         }
     }
 
+    async fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: Millis,
+        lease_expires_at: Millis,
+    ) -> Result<bool> {
+        match self {
+            Self::Sqlite(s) => s.renew_lease(fence, now, lease_expires_at).await,
+            Self::Postgres(s) => s.renew_lease(fence, now, lease_expires_at).await,
+        }
+    }
+
     async fn release_lease(&self, fence: &Fence, now: Millis) -> Result<bool> {
         match self {
             Self::Sqlite(s) => s.release_lease(fence, now).await,
@@ -292,10 +386,10 @@ impl KeyStore for Store {
         }
     }
 
-    async fn reap(&self, now: Millis) -> Result<ReapReport> {
+    async fn reap(&self, now: Millis, limit: i64) -> Result<ReapBatch> {
         match self {
-            Self::Sqlite(s) => s.reap(now).await,
-            Self::Postgres(s) => s.reap(now).await,
+            Self::Sqlite(s) => s.reap(now, limit).await,
+            Self::Postgres(s) => s.reap(now, limit).await,
         }
     }
 }

@@ -134,7 +134,9 @@ use crate::clock::Millis;
 use crate::error::Result;
 use crate::key::{Fence, KeyId};
 
-pub use either::{DbConn, DbTx, Store};
+pub use either::{
+    DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, DbConn, DbTx, Store, StoreOptions,
+};
 pub use postgres::PgStore;
 pub use sqlite::{SqliteStore, SqliteTx};
 
@@ -329,13 +331,29 @@ pub struct Unfinished {
     pub recovery_point: RecoveryPoint,
 }
 
-/// What one reaper pass did.
+/// What one reaper batch (one short transaction) deleted.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReapReport {
+pub struct ReapBatch {
     /// Records deleted.
     pub deleted: u64,
     /// Records deleted while still in flight.
     pub unfinished: Vec<Unfinished>,
+}
+
+/// What one reaper pass did, over all its batches: what its one summary
+/// log line says.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReapReport {
+    /// Records deleted.
+    pub deleted: u64,
+    /// Of which still in flight (requests nobody finished).
+    pub unfinished: u64,
+    /// The first unfinished records (at most
+    /// [`UNFINISHED_SAMPLE`](crate::reaper::UNFINISHED_SAMPLE)), named in
+    /// the summary; every one is logged at DEBUG.
+    pub unfinished_sample: Vec<Unfinished>,
+    /// Transactions the pass took (one per batch).
+    pub batches: u32,
 }
 
 /// A fenced write made inside a claim's transaction.
@@ -445,6 +463,17 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         lease_expires_at: Millis,
     ) -> impl Future<Output = Result<Option<TakenOver>>> + Send;
 
+    /// The heartbeat: renews the lease of a key this worker still holds
+    /// (clause `idem.lease.heartbeat`), in its own short transaction, to end
+    /// at `lease_expires_at`. `false` when `fence` is no longer current or
+    /// the key was settled or released meanwhile (nothing changed).
+    fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: Millis,
+        lease_expires_at: Millis,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
     /// Ends the lease now, leaving the key in flight at its last recovery
     /// point, so a retry (or the completer) can resume at once. `false` when
     /// `fence` is no longer current (nothing changed).
@@ -462,11 +491,51 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         limit: i64,
     ) -> impl Future<Output = Result<Vec<AbandonedKey>>> + Send;
 
-    /// Deletes records past retention.
-    fn reap(&self, now: Millis) -> impl Future<Output = Result<ReapReport>> + Send;
+    /// Deletes up to `limit` records past retention at `now`, oldest first,
+    /// in one short transaction (one reaper batch; [`crate::reaper`] loops).
+    fn reap(&self, now: Millis, limit: i64) -> impl Future<Output = Result<ReapBatch>> + Send;
 }
 
 pub use ops::StagedJob;
+
+type HookFuture<'c> =
+    std::pin::Pin<Box<dyn Future<Output = std::result::Result<bool, sqlx::Error>> + Send + 'c>>;
+
+/// The pool's `after_release` hook: a connection handed back still inside
+/// a transaction is closed, never reused.
+///
+/// Why: when a `COMMIT` or `ROLLBACK` fails (SQLite out of disk, an I/O
+/// error), sqlx's count of open transactions on that connection stays
+/// above zero, and every later `BEGIN` on it fails with "attempted to call
+/// begin_with at non-zero transaction depth" until the process restarts.
+/// The ping first lets the rollback a dropped transaction queued run (on
+/// SQLite it runs on the connection's worker, in order), so a connection
+/// that is only waiting for its rollback is kept.
+pub(crate) fn retire_if_in_transaction<C: sqlx::Connection>(
+    conn: &mut C,
+    _meta: sqlx::pool::PoolConnectionMetadata,
+) -> HookFuture<'_> {
+    Box::pin(async move {
+        conn.ping().await?;
+        if conn.is_in_transaction() {
+            tracing::warn!(
+                "retiring a database connection left inside a transaction by a failed \
+                 commit or rollback"
+            );
+            return Ok(false);
+        }
+        Ok(true)
+    })
+}
+
+/// The pool's `before_acquire` hook: the same check, for a connection that
+/// reached the idle queue some other way.
+pub(crate) fn usable<C: sqlx::Connection>(
+    conn: &mut C,
+    _meta: sqlx::pool::PoolConnectionMetadata,
+) -> HookFuture<'_> {
+    Box::pin(async move { Ok(!conn.is_in_transaction()) })
+}
 
 /// Transactionally staged jobs (the enqueuer's table, `staged_jobs`): a job
 /// staged inside a request's transaction exists only if that transaction

@@ -11,7 +11,7 @@ use idem_spec::{Fingerprint, KeyState, RecoveryPoint};
 use sqlx::Row;
 
 use super::{
-    AbandonedKey, ClaimRequest, FencedWrite, KeyRecord, ReapReport, StoredRequest, StoredResponse,
+    AbandonedKey, ClaimRequest, FencedWrite, KeyRecord, ReapBatch, StoredRequest, StoredResponse,
     TakenOver, Unfinished,
 };
 use crate::error::{Error, Result};
@@ -109,6 +109,13 @@ const COMMIT_POINT_SQL: &str = "UPDATE idempotency_keys SET recovery_point = $4,
      WHERE caller = $1 AND idem_key = $2 AND generation = $3 AND state = 'in_flight'";
 // ANCHOR_END: lease_fencing
 
+/// The heartbeat: a fresh lease for a key its worker still holds, fenced.
+/// `locked_at IS NOT NULL` keeps a heartbeat that raced a release (the key
+/// was just unlocked for a retry) from locking it again.
+const RENEW_SQL: &str = "UPDATE idempotency_keys SET locked_at = $4, lease_expires_at = $5 \
+     WHERE caller = $1 AND idem_key = $2 AND generation = $3 AND state = 'in_flight' \
+     AND locked_at IS NOT NULL";
+
 /// Unlocks the key at its last recovery point (the lease ends now), fenced.
 const RELEASE_SQL: &str = "UPDATE idempotency_keys SET locked_at = NULL, lease_expires_at = $4 \
      WHERE caller = $1 AND idem_key = $2 AND generation = $3 AND state = 'in_flight'";
@@ -122,9 +129,14 @@ const ABANDONED_SQL: &str = "SELECT caller, idem_key, fingerprint, recovery_poin
        AND expires_at > $1 \
      ORDER BY lease_expires_at LIMIT $2";
 
-const UNFINISHED_SQL: &str = "SELECT caller, idem_key, recovery_point FROM idempotency_keys \
-     WHERE expires_at <= $1 AND state = 'in_flight'";
-const REAP_SQL: &str = "DELETE FROM idempotency_keys WHERE expires_at <= $1";
+/// One reaper batch: at most `$2` records past retention, oldest first,
+/// deleted in one statement that says which ones (and which were still in
+/// flight), so the transaction that holds the table is short whatever the
+/// backlog (clause `idem.reaper.retention`).
+const REAP_BATCH_SQL: &str = "DELETE FROM idempotency_keys WHERE (caller, idem_key) IN \
+     (SELECT caller, idem_key FROM idempotency_keys WHERE expires_at <= $1 \
+      ORDER BY expires_at LIMIT $2) \
+     RETURNING caller, idem_key, state, recovery_point";
 
 const STAGE_SQL: &str = "INSERT INTO staged_jobs (kind, payload, created_at) VALUES ($1, $2, $3)";
 const STAGED_SQL: &str = "SELECT id, kind, payload FROM staged_jobs ORDER BY id LIMIT $1";
@@ -334,6 +346,25 @@ macro_rules! ops {
             }
         }
 
+        pub(crate) async fn renew(
+            c: &mut $conn,
+            fence: &Fence,
+            now: i64,
+            lease_expires_at: i64,
+        ) -> Result<bool> {
+            let id = fence.id();
+            let updated = sqlx::query(RENEW_SQL)
+                .bind(id.caller().as_str())
+                .bind(id.key().as_str())
+                .bind(fence.generation())
+                .bind(now)
+                .bind(lease_expires_at)
+                .execute(&mut *c)
+                .await?
+                .rows_affected();
+            Ok(updated == 1)
+        }
+
         pub(crate) async fn release(c: &mut $conn, fence: &Fence, now: i64) -> Result<bool> {
             let id = fence.id();
             let updated = sqlx::query(RELEASE_SQL)
@@ -377,27 +408,25 @@ macro_rules! ops {
             Ok(out)
         }
 
-        /// Deletes past retention; runs inside the caller's transaction so
-        /// the list of unfinished records matches what was deleted.
-        pub(crate) async fn reap(c: &mut $conn, now: i64) -> Result<ReapReport> {
-            let rows = sqlx::query(UNFINISHED_SQL)
+        /// Deletes up to `limit` records past retention inside the
+        /// caller's transaction, reporting the unfinished ones among them.
+        pub(crate) async fn reap(c: &mut $conn, now: i64, limit: i64) -> Result<ReapBatch> {
+            let rows = sqlx::query(REAP_BATCH_SQL)
                 .bind(now)
+                .bind(limit)
                 .fetch_all(&mut *c)
                 .await?;
-            let mut unfinished = Vec::with_capacity(rows.len());
+            let mut unfinished = Vec::new();
             for r in &rows {
-                unfinished.push(Unfinished {
-                    id: KeyId::from_stored(r.try_get("caller")?, r.try_get("idem_key")?)?,
-                    recovery_point: point(r.try_get("recovery_point")?)?,
-                });
+                if r.try_get::<String, _>("state")? == "in_flight" {
+                    unfinished.push(Unfinished {
+                        id: KeyId::from_stored(r.try_get("caller")?, r.try_get("idem_key")?)?,
+                        recovery_point: point(r.try_get("recovery_point")?)?,
+                    });
+                }
             }
-            let deleted = sqlx::query(REAP_SQL)
-                .bind(now)
-                .execute(&mut *c)
-                .await?
-                .rows_affected();
-            Ok(ReapReport {
-                deleted,
+            Ok(ReapBatch {
+                deleted: rows.len() as u64,
                 unfinished,
             })
         }

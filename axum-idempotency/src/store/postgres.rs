@@ -13,13 +13,16 @@
 //! Several processes may migrate at once: [`crate::migrate`] serialises them
 //! with an advisory lock.
 
+use std::time::Duration;
+
 use idem_spec::Fingerprint;
+use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgPool, Postgres, Transaction};
 
 use super::ops::{self, StagedJob};
 use super::{
     AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
-    ReapReport, StagedJobs, StoredResponse, TakenOver,
+    ReapBatch, StagedJobs, StoredResponse, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::Result;
@@ -53,6 +56,29 @@ impl PgStore {
     /// The pool (for the application's own reads and writes).
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// The pool settings this library is tested with: a connection within
+    /// `acquire_timeout` or `503` (clause `idem.store.fail-closed`); idle
+    /// connections tested before use, so connections that died with the
+    /// server are dropped at once when it is back instead of failing a
+    /// request each; a connection handed back inside a transaction retired.
+    /// Add a `statement_timeout` to the connect options (as
+    /// [`Store::connect_with`](super::Store::connect_with) does).
+    pub fn pool_options(acquire_timeout: Duration) -> PgPoolOptions {
+        PgPoolOptions::new()
+            .acquire_timeout(acquire_timeout)
+            .test_before_acquire(true)
+            .after_release(super::retire_if_in_transaction)
+            .before_acquire(super::usable)
+    }
+
+    /// One connection and `SELECT 1` (a readiness probe).
+    pub async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1")
+            .execute(&mut *self.read().await?)
+            .await?;
+        Ok(())
     }
 
     /// Creates or updates the key table (and the staged-jobs table); safe to
@@ -179,6 +205,18 @@ impl KeyStore for PgStore {
         Ok(taken)
     }
 
+    async fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: Millis,
+        lease_expires_at: Millis,
+    ) -> Result<bool> {
+        let mut tx = self.begin().await?;
+        let renewed = ops::pg::renew(&mut tx, fence, now, lease_expires_at).await?;
+        tx.commit().await?;
+        Ok(renewed)
+    }
+
     async fn release_lease(&self, fence: &Fence, now: Millis) -> Result<bool> {
         let mut tx = self.begin().await?;
         let released = ops::pg::release(&mut tx, fence, now).await?;
@@ -190,9 +228,9 @@ impl KeyStore for PgStore {
         ops::pg::abandoned(&mut *self.read().await?, now, limit).await
     }
 
-    async fn reap(&self, now: Millis) -> Result<ReapReport> {
+    async fn reap(&self, now: Millis, limit: i64) -> Result<ReapBatch> {
         let mut tx = self.begin().await?;
-        let report = ops::pg::reap(&mut tx, now).await?;
+        let report = ops::pg::reap(&mut tx, now, limit).await?;
         tx.commit().await?;
         Ok(report)
     }

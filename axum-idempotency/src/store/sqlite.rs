@@ -11,10 +11,23 @@
 //! - The pool should be in WAL mode, so readers (replays, GET endpoints) run
 //!   while one writer commits and a replay never waits for a transfer;
 //!   [`SqliteStore::recommended_options`] gives the settings we test with.
-//!   `synchronous = NORMAL` is the WAL setting SQLite recommends: a commit
-//!   is durable against a crash of the process; a power cut can lose the
-//!   last transactions, and then claim, business writes and response are
-//!   lost *together* (never half of them), which keeps the contract.
+//!   `synchronous = NORMAL` is the WAL setting SQLite recommends. What it
+//!   guarantees: a committed transaction survives a crash of the process
+//!   (the commit is in the WAL file, in the OS's page cache); on a power
+//!   loss or OS crash the last transactions committed before it may be
+//!   lost (rolled back), but the database is never corrupted, and because
+//!   claim, business writes and stored response commit in one transaction
+//!   they are lost *together*, never half of them. A client that got a
+//!   `201` for a lost transaction retries into a fresh execution: effectively
+//!   once still holds for the data that survived, but a response the client
+//!   saw may be forgotten. Applications that cannot accept that choose
+//!   `synchronous = FULL` (an fsync per commit).
+//! - Waiting is bounded (clause `idem.store.fail-closed`): a writer waits at
+//!   most the pool's acquire timeout for the writer gate, SQLite's busy
+//!   timeout for another process's lock (both 2 s by default), and is
+//!   answered `503 upstream_unavailable` past them, never held.
+//! - A connection whose commit or rollback failed (a full disk) is retired,
+//!   not reused: see [`SqliteStore::pool_options`].
 //!
 //! Because the writer gate is per store value, clone one [`SqliteStore`]
 //! everywhere instead of building two on the same pool.
@@ -25,13 +38,13 @@ use std::time::Duration;
 
 use idem_spec::Fingerprint;
 use sqlx::SqlitePool;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::ops::{self, StagedJob};
 use super::{
     AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
-    ReapReport, StagedJobs, StoredResponse, TakenOver,
+    ReapBatch, StagedJobs, StoredResponse, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::{Error, Result};
@@ -42,6 +55,7 @@ use crate::key::{Fence, KeyId};
 pub struct SqliteStore {
     pool: SqlitePool,
     writer: Arc<Semaphore>,
+    gate_timeout: Duration,
 }
 
 /// A SQLite write transaction (`BEGIN IMMEDIATE`) holding this process's
@@ -87,12 +101,35 @@ impl std::ops::DerefMut for SqliteTx {
 
 impl SqliteStore {
     /// A store on `pool`, whose database must have the key table
-    /// ([`SqliteStore::migrate`]).
+    /// ([`SqliteStore::migrate`]). A writer waits for this process's writer
+    /// gate at most the pool's acquire timeout.
     pub fn new(pool: SqlitePool) -> Self {
+        let gate_timeout = pool.options().get_acquire_timeout();
         Self {
             pool,
             writer: Arc::new(Semaphore::new(1)),
+            gate_timeout,
         }
+    }
+
+    /// The pool settings this library is tested with: connections are
+    /// acquired within `acquire_timeout`, and one handed back inside a
+    /// transaction (its commit or rollback failed, e.g. on a full disk) is
+    /// closed instead of reused. Build your pool from these (then set
+    /// `max_connections`), or add the same hooks to yours.
+    pub fn pool_options(acquire_timeout: Duration) -> SqlitePoolOptions {
+        SqlitePoolOptions::new()
+            .acquire_timeout(acquire_timeout)
+            .after_release(super::retire_if_in_transaction)
+            .before_acquire(super::usable)
+    }
+
+    /// One connection and `SELECT 1` (a readiness probe).
+    pub async fn ping(&self) -> Result<()> {
+        sqlx::query("SELECT 1")
+            .execute(&mut *self.read().await?)
+            .await?;
+        Ok(())
     }
 
     /// The pool (for the application's own reads and writes).
@@ -107,14 +144,17 @@ impl SqliteStore {
     }
 
     /// The connection settings this library is tested with: create the file
-    /// if missing, WAL, `synchronous = NORMAL`, a 10 s busy timeout, foreign
-    /// keys on. `url` is `sqlite://PATH` or `sqlite::memory:`.
+    /// if missing, WAL, `synchronous = NORMAL` (see the module docs for what
+    /// it guarantees on power loss), a busy timeout of
+    /// [`DEFAULT_ACQUIRE_TIMEOUT`](super::DEFAULT_ACQUIRE_TIMEOUT) (another
+    /// process holding the write lock longer is answered 503), foreign keys
+    /// on. `url` is `sqlite://PATH` or `sqlite::memory:`.
     pub fn recommended_options(url: &str) -> Result<SqliteConnectOptions> {
         Ok(SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(Duration::from_secs(10))
+            .busy_timeout(super::DEFAULT_ACQUIRE_TIMEOUT)
             .foreign_keys(true))
     }
 
@@ -127,11 +167,12 @@ impl KeyStore for SqliteStore {
     type Tx = SqliteTx;
 
     async fn begin(&self) -> Result<SqliteTx> {
-        let permit = self
-            .writer
-            .clone()
-            .acquire_owned()
+        // Bounded like the pool's acquire: a writer queued behind a long
+        // transaction (or a lock held by another process) is answered 503,
+        // not held.
+        let permit = tokio::time::timeout(self.gate_timeout, self.writer.clone().acquire_owned())
             .await
+            .map_err(|_| Error::Store(sqlx::Error::PoolTimedOut))?
             .map_err(|_| Error::Internal("SQLite writer gate closed".into()))?;
         let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         Ok(SqliteTx {
@@ -222,6 +263,18 @@ impl KeyStore for SqliteStore {
         Ok(taken)
     }
 
+    async fn renew_lease(
+        &self,
+        fence: &Fence,
+        now: Millis,
+        lease_expires_at: Millis,
+    ) -> Result<bool> {
+        let mut tx = self.begin().await?;
+        let renewed = ops::sqlite::renew(&mut tx, fence, now, lease_expires_at).await?;
+        tx.commit().await?;
+        Ok(renewed)
+    }
+
     async fn release_lease(&self, fence: &Fence, now: Millis) -> Result<bool> {
         let mut tx = self.begin().await?;
         let released = ops::sqlite::release(&mut tx, fence, now).await?;
@@ -233,9 +286,9 @@ impl KeyStore for SqliteStore {
         ops::sqlite::abandoned(&mut *self.read().await?, now, limit).await
     }
 
-    async fn reap(&self, now: Millis) -> Result<ReapReport> {
+    async fn reap(&self, now: Millis, limit: i64) -> Result<ReapBatch> {
         let mut tx = self.begin().await?;
-        let report = ops::sqlite::reap(&mut tx, now).await?;
+        let report = ops::sqlite::reap(&mut tx, now, limit).await?;
         tx.commit().await?;
         Ok(report)
     }

@@ -80,7 +80,9 @@ async fn fetch(app: &AppState, owner: &str, id: Option<&str>) -> Result<Vec<Acco
     })
 }
 
-/// Lists the caller's accounts.
+/// Lists the caller's accounts, unpaged: the list is bounded by design (two
+/// seeded accounts per caller, and no endpoint creates more). A fork that
+/// lets callers open accounts pages this list as `GET /v1/transfers` does.
 #[utoipa::path(
     get,
     path = "/v1/accounts",

@@ -738,6 +738,7 @@ impl Receipts {
     }
 }
 
+// ANCHOR: deliver
 impl Deliver<Store> for Receipts {
     async fn deliver(
         &self,
@@ -767,3 +768,4 @@ impl Deliver<Store> for Receipts {
         Ok(true)
     }
 }
+// ANCHOR_END: deliver

@@ -42,7 +42,9 @@ pub struct ReapResult {
     /// Records deleted.
     pub deleted: u64,
     /// Of which still in flight.
-    pub unfinished: usize,
+    pub unfinished: u64,
+    /// Transactions the pass took (one per batch of at most 1,000).
+    pub batches: u32,
 }
 
 /// `POST /_test/clock`: moves the server clock forward.
@@ -71,7 +73,8 @@ pub async fn reap(State(app): State<AppState>) -> Result<Json<ReapResult>> {
     let report = axum_idempotency::reaper::reap_once(&app.store, app.clock.as_ref()).await?;
     Ok(Json(ReapResult {
         deleted: report.deleted,
-        unfinished: report.unfinished.len(),
+        unfinished: report.unfinished,
+        batches: report.batches,
     }))
 }
 

@@ -1,0 +1,80 @@
+//! # idem-bench: what the idempotency layer costs
+//!
+//! The benchmark of issue 13. `cargo run --release -p idem-bench` builds
+//! `idem-server` and `idem-fake-processor` (release), and for SQLite (a
+//! temp file) and PostgreSQL (a throwaway cluster) starts them as child
+//! processes with a baseline server, drives them with a closed-loop load
+//! generator at several concurrencies, and prints and writes (JSON and
+//! Markdown) throughput, p50/p99, statements, commits and CPU per request,
+//! server memory, and issue 13's ratios with PASS/MISS.
+//!
+//! Scenarios (all `POST`, JSON bodies, one caller per worker):
+//! - `first`: `/v1/transfers` with a fresh key per request;
+//! - `replay`: the same with pre-warmed keys (every answer a replay);
+//! - `baseline`: `/v1/transfers` without a key on the baseline server,
+//!   the same handler and writes without the layer ([`baseline`]);
+//! - `payments`: `/v1/payments` (multi-step, through the fake processor);
+//! - `processor`: the fake processor's `POST /charges` alone.
+//!
+//! Modules: [`load`] the load generator; [`child`] child processes and
+//! binaries; [`baseline`] the layer-less server; [`pg`] the throwaway
+//! cluster and its counters; [`sqlite_wal`] commits counted in SQLite's
+//! WAL; [`procfs`] CPU and memory from `/proc`; [`run`] one run;
+//! [`report`] targets and Markdown. Linux only (`/proc`).
+//!
+//! Nothing here asserts a timing: the benchmark reports, the reader judges.
+
+pub mod baseline;
+pub mod child;
+pub mod load;
+pub mod pg;
+pub mod procfs;
+pub mod report;
+pub mod run;
+pub mod sqlite_wal;
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Something the run needs could not be set up (a binary, a process,
+    /// a database cluster).
+    #[error("setup: {0}")]
+    Setup(String),
+    /// The run went wrong (a server answered what it should not).
+    #[error("run: {0}")]
+    Run(String),
+    /// A database the benchmark reads counters from.
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    /// Building the application (baseline server).
+    #[error("server: {0}")]
+    Server(#[from] idem_server::Error),
+}
+
+impl Error {
+    /// Whether this is a setup failure (PostgreSQL is then skipped, loudly,
+    /// instead of failing the whole run).
+    pub fn is_setup(&self) -> bool {
+        matches!(self, Self::Setup(_) | Self::Db(_))
+    }
+}
+
+/// This crate's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub use run::{BenchResult, Config, Scenario, StoreKind, run};
+
+/// Writes `result` as JSON to `json` and as Markdown beside it (`.md`).
+pub fn write(result: &BenchResult, json: &std::path::Path) -> Result<std::path::PathBuf> {
+    let io = |e: std::io::Error| Error::Setup(format!("writing {}: {e}", json.display()));
+    if let Some(dir) = json.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let text = serde_json::to_string_pretty(result)
+        .map_err(|e| Error::Run(format!("serializing the result: {e}")))?;
+    std::fs::write(json, text).map_err(io)?;
+    let md = json.with_extension("md");
+    std::fs::write(&md, report::markdown(result)).map_err(io)?;
+    Ok(md)
+}

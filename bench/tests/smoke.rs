@@ -1,0 +1,133 @@
+//! The benchmark end to end in a tiny configuration: every cell is there,
+//! every answer was the expected one, and the counters are sane (a first
+//! execution commits, a replay does not, the layer runs more statements
+//! than the baseline). Nothing here looks at a timing.
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use idem_bench::{Config, Scenario, StoreKind};
+
+fn tiny() -> Config {
+    let mut cfg = Config::full(PathBuf::from(env!("CARGO_BIN_EXE_idem-bench")));
+    cfg.concurrencies = vec![1, 4];
+    cfg.ratio_concurrencies = vec![1, 4];
+    cfg.duration = Duration::from_millis(250);
+    cfg.warmup = Duration::from_millis(50);
+    cfg.rounds = 1;
+    cfg.rss_connections = 32;
+    cfg.count_requests = 40;
+    cfg.callers = 4;
+    cfg.replay_keys_per_caller = 4;
+    // PostgreSQL runs in a throwaway cluster of its own; like every
+    // PostgreSQL test here it runs when IDEM_TEST_DATABASE_URL says the
+    // machine has PostgreSQL.
+    cfg.stores = if std::env::var_os("IDEM_TEST_DATABASE_URL").is_some() {
+        vec![StoreKind::Sqlite, StoreKind::Postgres]
+    } else {
+        eprintln!("\n*** SKIPPED the PostgreSQL half: IDEM_TEST_DATABASE_URL is not set ***\n");
+        vec![StoreKind::Sqlite]
+    };
+    cfg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tiny_run_has_every_cell_and_sane_counters() {
+    let cfg = tiny();
+    let result = idem_bench::run(&cfg, &|line: &str| eprintln!("{line}"))
+        .await
+        .unwrap();
+    assert_eq!(result.stores.len(), cfg.stores.len());
+    for s in &result.stores {
+        assert_eq!(s.skipped, None, "{} was skipped", s.store);
+        assert_eq!(s.cells.len(), Scenario::ALL.len() * cfg.concurrencies.len());
+        for scenario in Scenario::ALL {
+            for &c in &cfg.concurrencies {
+                let cell = s
+                    .cell(scenario, c)
+                    .unwrap_or_else(|| panic!("{} has no {scenario:?} c={c}", s.store));
+                assert!(
+                    cell.requests > 0,
+                    "{} {scenario:?} c={c}: no request",
+                    s.store
+                );
+                assert_eq!(
+                    cell.errors, 0,
+                    "{} {scenario:?} c={c}: {:?}",
+                    s.store, cell.rounds[0].load.first_error
+                );
+                assert!(cell.throughput > 0.0 && cell.p99_ms >= cell.p50_ms);
+            }
+        }
+        let per = |scenario, what: fn(&idem_bench::run::PerRequest) -> Option<f64>| {
+            let v: Vec<f64> = cfg
+                .concurrencies
+                .iter()
+                .map(|&c| what(&s.cell(scenario, c).unwrap().per_request).unwrap())
+                .collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        let commits = |scenario| per(scenario, |p| p.commits);
+        let statements = |scenario| per(scenario, |p| p.statements);
+        // A first execution and a baseline transfer each commit one write
+        // transaction (a little more is background work: the completer's
+        // scans, autovacuum); a replay writes nothing.
+        for scenario in [Scenario::First, Scenario::Baseline] {
+            let k = commits(scenario);
+            assert!(
+                (0.95..1.5).contains(&k),
+                "{} {scenario:?}: {k} commits",
+                s.store
+            );
+        }
+        assert!(
+            commits(Scenario::Replay) < 0.05,
+            "{}: a replay committed",
+            s.store
+        );
+        // Multi-step: several recovery points.
+        assert!(commits(Scenario::Payments) >= 2.0, "{}", s.store);
+        // The layer's statements come on top of the handler's; a replay is
+        // a lookup.
+        assert!(statements(Scenario::Baseline) >= 4.0, "{}", s.store);
+        assert!(statements(Scenario::First) > statements(Scenario::Baseline));
+        let replay = statements(Scenario::Replay);
+        assert!((0.9..2.0).contains(&replay), "{}: replay {replay}", s.store);
+        for cell in &s.cells {
+            assert!(cell.per_request.server_cpu_us.is_some());
+        }
+        if s.store == StoreKind::Postgres {
+            assert!(per(Scenario::First, |p| p.db_cpu_us) > 0.0);
+            assert!(per(Scenario::First, |p| p.wal_bytes) > 0.0);
+        }
+        let m = &s.memory;
+        assert!(m.idle_kib.is_some_and(|k| k > 0));
+        assert!(m.peak_kib >= m.idle_kib);
+        assert_eq!(m.load.as_ref().unwrap().errors, 0);
+    }
+    // Every target is computed (4 per ratio concurrency pair, payments, RSS).
+    let expected = cfg.stores.len() * (2 * cfg.ratio_concurrencies.len() + 2);
+    assert_eq!(result.targets.len(), expected);
+    assert!(
+        result
+            .targets
+            .iter()
+            .all(|t| t.value.is_some() && t.pass.is_some())
+    );
+
+    // The written JSON holds the same cells, and the Markdown the targets.
+    let dir = std::env::temp_dir().join(format!("idem-bench-smoke-{}", std::process::id()));
+    let md = idem_bench::write(&result, &dir.join("r.json")).unwrap();
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("r.json")).unwrap()).unwrap();
+    for (i, s) in result.stores.iter().enumerate() {
+        assert_eq!(
+            json["stores"][i]["cells"].as_array().unwrap().len(),
+            s.cells.len()
+        );
+    }
+    let text = std::fs::read_to_string(md).unwrap();
+    assert!(text.contains("first / baseline") && text.contains("| SQLite | replay |"));
+    std::fs::remove_dir_all(dir).ok();
+}
