@@ -4,22 +4,32 @@
 //! key, fingerprint, `Prefer: wait`), then runs a short loop:
 //!
 //! ```text
-//!   observe: one read of the store + this process's in-flight registry
+//!   observe: the store's observation + this process's in-flight registry
+//!      │     (single-phase on PostgreSQL: BEGIN + one statement that reads
+//!      │      the record and takes the key's advisory try-lock)
 //!      ▼
 //!   decide (crate::decide, pure) ──► replay │ reject │ wait │ claim │ resume
 //!      ▲                                               │       │       │
 //!      └── wait over / claim lost a race ◄─────────────┘       │       │
 //!                                                              ▼       ▼
-//!   claim: one transaction, INSERT ... ON CONFLICT      take over the lease
-//!     └─► endpoint runs inside it ─► settle             └─► run the rest of
-//!           2xx/4xx: store the response + commit all          the phases
-//!           5xx:     roll back all; key absent again
+//!   single-phase: the transaction holding the key's      take over the lease
+//!   lock (no row yet) ─► endpoint runs inside it          └─► run the rest of
+//!      2xx/4xx: INSERT the complete record ON CONFLICT          the phases
+//!               DO UPDATE WHERE replaceable, COMMIT all
+//!               (no row back: lost the race, roll back all)
+//!      5xx:     roll back all; key absent again
+//!   multi-step: INSERT ... ON CONFLICT (claim), phases (crate::multistep)
 //! ```
 //!
 //! The loop ends: every turn returns, waits (bounded by the client's
 //! `Prefer: wait` and the server maximum; once that is over the decision is
 //! 409), or lost a claim race to a request that committed meanwhile (at most
-//! [`MAX_RACES`] times; the next read then sees its record).
+//! [`MAX_RACES`] times; the next read then sees its record). A single-phase
+//! request whose final write lost has run its endpoint (rolled back) and
+//! never runs it again: it answers from the winner's record, or 409.
+//!
+//! Why a single-phase request claims at the end, and the race that makes
+//! safe, is argued in [`crate::store`] ("The single-phase protocol").
 //!
 //! The local registry is an optimisation and the source of wake-ups, never
 //! the arbiter: two processes on one database are arbitrated by the store.
@@ -51,8 +61,8 @@ use crate::key::{Caller, Fence, KeyId};
 use crate::layer::IdemTx;
 use crate::multistep::{Driver, Pulse, Start};
 use crate::store::{
-    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore,
-    StoredHeader, StoredRequest, StoredResponse,
+    AbandonedKey, ClaimOutcome, ClaimRequest, FencedWrite, KeyRecord, KeyStore, StoredHeader,
+    StoredRequest, StoredResponse,
 };
 
 /// Most claim races one request may lose before it answers 409.
@@ -403,11 +413,28 @@ impl<K: KeyStore> Engine<K> {
         S::Future: Send,
     {
         let deadline = Instant::now() + incoming.wait.unwrap_or_default();
-        let resumable = matches!(route, Route::Multi(_));
+        let (mut single, driver) = match route {
+            Route::Single {
+                inner,
+                parts,
+                replay_headers,
+            } => (Some((inner, parts, replay_headers)), None),
+            Route::Multi(driver) => (None, Some(driver)),
+        };
+        let resumable = driver.is_some();
         let (mut races, mut waited, mut busy) = (0u32, false, false);
         loop {
             let now = self.clock.now_ms();
-            let stored = self.store.lookup(&incoming.id).await?;
+            // A single-phase request observes its key through the store's
+            // single-phase protocol (PostgreSQL: inside the transaction it
+            // would run in, with the key's lock); a multi-step one reads it.
+            let (stored, mut open) = if driver.is_none() {
+                let observed = self.store.observe(&incoming.id, now).await?;
+                busy |= observed.busy;
+                (observed.record, observed.tx)
+            } else {
+                (self.store.lookup(&incoming.id).await?, None)
+            };
             let local = self.registry.entry(&incoming.id);
             let held = match (&local, std::mem::take(&mut busy)) {
                 (Some(entry), _) => Held::Here(&entry.fingerprint),
@@ -423,7 +450,14 @@ impl<K: KeyStore> Engine<K> {
                 stored: stored.as_ref(),
                 held,
             };
-            match decide(&seen, &ask, now) {
+            let decision = decide(&seen, &ask, now);
+            if decision != Decision::Claim
+                && let Some(tx) = open.take()
+            {
+                // Observed, not executing: nothing was written in it.
+                self.store.rollback(tx).await?;
+            }
+            match decision {
                 Decision::Replay(stored) => {
                     tracing::debug!(key = %incoming.id, status = stored.status, "replay");
                     return Ok(self.replay(stored, incoming.wait.filter(|_| waited)));
@@ -439,8 +473,11 @@ impl<K: KeyStore> Engine<K> {
                 }
                 Decision::Claim => {
                     // Local registry first (cheap, and the source of
-                    // wake-ups), then the store's atomic claim (the arbiter).
+                    // wake-ups), then the store (the arbiter).
                     let Ok(guard) = self.registry.try_acquire(&incoming) else {
+                        if let Some(tx) = open.take() {
+                            self.store.rollback(tx).await?;
+                        }
                         races += 1;
                         continue;
                     };
@@ -453,38 +490,52 @@ impl<K: KeyStore> Engine<K> {
                         replay_until: now.saturating_add(ms(self.config.replay_window)),
                         expires_at: now.saturating_add(ms(self.config.retention)),
                     };
-                    match self.store.claim(&claim).await? {
-                        ClaimOutcome::Claimed(claimed) => {
-                            return match route {
-                                Route::Single {
-                                    inner,
-                                    parts,
-                                    replay_headers,
-                                } => {
-                                    self.execute(
-                                        &incoming,
-                                        claimed,
-                                        parts,
-                                        inner,
-                                        replay_headers,
-                                        guard,
-                                    )
-                                    .await
-                                }
-                                Route::Multi(driver) => driver
+                    match driver {
+                        None => {
+                            let tx = match open.take() {
+                                Some(tx) => Some(tx),
+                                None => self.store.begin_single(&incoming.id).await?,
+                            };
+                            let Some(tx) = tx else {
+                                busy = true;
+                                continue;
+                            };
+                            let Some((inner, parts, replay_headers)) = single.take() else {
+                                // It ran once and lost its final write, and
+                                // the winner's record is already replaceable
+                                // again (reaped, or its window over): a
+                                // request never executes twice, so answer a
+                                // retryable 409.
+                                self.store.rollback(tx).await?;
+                                return Err(self.in_use());
+                            };
+                            let outcome = self
+                                .execute_single(&incoming, tx, &claim, parts, inner, replay_headers)
+                                .await?;
+                            drop(guard);
+                            match outcome {
+                                Some(response) => return Ok(response),
+                                // Lost the final write: answer from the
+                                // winner's committed record.
+                                None => races += 1,
+                            }
+                        }
+                        Some(driver) => match self.store.claim(&claim).await? {
+                            ClaimOutcome::Claimed(claimed) => {
+                                return driver
                                     .run(self, &incoming, Start::Fresh(claimed, now), guard)
                                     .await?
                                     .ok_or_else(|| {
                                         Error::Internal("a fresh claim cannot lose".into())
-                                    }),
-                            };
-                        }
-                        ClaimOutcome::Busy => busy = true,
-                        ClaimOutcome::Taken => races += 1,
+                                    });
+                            }
+                            ClaimOutcome::Busy => busy = true,
+                            ClaimOutcome::Taken => races += 1,
+                        },
                     }
                 }
                 Decision::Resume => {
-                    let Route::Multi(driver) = &route else {
+                    let Some(driver) = driver else {
                         return Err(Error::Internal("resume on a single-phase route".into()));
                     };
                     // The lease is over, so the store arbitrates: take the
@@ -557,34 +608,37 @@ impl<K: KeyStore> Engine<K> {
         }
     }
 
-    /// Runs the endpoint inside the claim's transaction and settles the key.
+    /// Runs a single-phase endpoint inside `tx`, which holds its key's
+    /// claim (lock) but no record of it, and settles: a final outcome is
+    /// claimed and recorded in one statement and committed with the
+    /// endpoint's writes; anything else rolls back with nothing stored.
     ///
-    /// This is where "a first execution costs one transaction" holds: the
-    /// transaction opened by the claim carries the endpoint's writes and the
-    /// stored response, and commits once.
-    async fn execute<S>(
+    /// This is where "a first execution costs one transaction and one key
+    /// write" holds. `Ok(None)`: the final write lost to a record committed
+    /// meanwhile; everything was rolled back, and the caller answers from
+    /// that record.
+    async fn execute_single<S>(
         &self,
         incoming: &Incoming,
-        claimed: Claimed<K::Tx>,
+        tx: K::Tx,
+        claim: &ClaimRequest<'_>,
         mut parts: Parts,
         inner: S,
         replay_headers: &[HeaderName],
-        guard: RegistryGuard,
-    ) -> Result<Response<Body>>
+    ) -> Result<Option<Response<Body>>>
     where
         S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send,
         S::Future: Send,
     {
-        let Claimed { tx, fence } = claimed;
-        tracing::debug!(%fence, "claimed; executing");
+        tracing::debug!(key = %incoming.id, "claimed; executing");
         let slot = IdemTx::<K>::new(tx);
         parts.extensions.insert(slot.clone());
         self.hit(incoming, Position::After, RecoveryPoint::STARTED)
             .await;
         // A single-phase request may not hold its key longer than its lease:
         // past it, the endpoint's future is dropped, its writes are rolled
-        // back with the claim and the client gets a retryable 500. (On SQLite
-        // this also bounds how long one request can hold the writer.)
+        // back and the client gets a retryable 500. (On SQLite this also
+        // bounds how long one request can hold the writer.)
         let response = if Failpoints::injects_error(&incoming.armed) {
             // The injected server error stands in for the endpoint and goes
             // through the same failure policy as a real one.
@@ -594,7 +648,7 @@ impl<K: KeyStore> Engine<K> {
             tokio::time::timeout(self.config.lease, call(inner, request)).await
         };
         let tx = slot.take().await;
-        let response = match (response, tx) {
+        let (response, mut tx) = match (response, tx) {
             (Ok(r), Some(tx)) => (r, tx),
             (Err(_), tx) => {
                 if let Some(tx) = tx {
@@ -611,12 +665,49 @@ impl<K: KeyStore> Engine<K> {
                 ));
             }
         };
-        let (response, tx) = response;
-        let response = self
-            .settle(incoming, &fence, Some(tx), true, response, replay_headers)
+        let (parts, body) = response.into_parts();
+        let body = match axum::body::to_bytes(body, self.config.max_response_bytes).await {
+            Ok(b) => b,
+            Err(e) => {
+                self.store.rollback(tx).await?;
+                return Err(Error::Internal(format!(
+                    "endpoint response unreadable: {e}"
+                )));
+            }
+        };
+        let status = parts.status.as_u16();
+        if !self.is_final(status) {
+            // Never stored (clause idem.failure.5xx-not-stored): the key is
+            // absent again.
+            self.store.rollback(tx).await?;
+            tracing::info!(key = %incoming.id, status, "server error: not stored; key released");
+            return Ok(Some(Response::from_parts(parts, Body::from(body))));
+        }
+        let stored = stored_response(status, &parts.headers, replay_headers, &body);
+        let now = self.clock.now_ms();
+        match self.store.record_final(&mut tx, claim, &stored, now).await {
+            Ok(Some(generation)) => {
+                tracing::debug!(key = %incoming.id, generation, status, "final outcome stored");
+            }
+            Ok(None) => {
+                self.store.rollback(tx).await?;
+                tracing::info!(
+                    key = %incoming.id,
+                    "lost the final write to a record committed meanwhile; rolled back"
+                );
+                return Ok(None);
+            }
+            Err(e) => {
+                self.store.rollback(tx).await?;
+                return Err(e);
+            }
+        }
+        self.hit(incoming, Position::Before, RecoveryPoint::FINISHED)
             .await;
-        drop(guard);
-        response
+        self.store.commit(tx).await?;
+        self.hit(incoming, Position::After, RecoveryPoint::FINISHED)
+            .await;
+        Ok(Some(Response::from_parts(parts, Body::from(body))))
     }
 
     /// Ends a claimed request with `response`: a final outcome is stored

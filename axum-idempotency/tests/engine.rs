@@ -11,8 +11,11 @@ use axum::extract::State;
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use axum::{Json, Router};
-use axum_idempotency::clock::SystemClock;
+use axum_idempotency::clock::{Clock, SystemClock};
 use axum_idempotency::failpoint::Failpoints;
+use axum_idempotency::store::{
+    ClaimRequest, KeyStore, StoredHeader, StoredRequest, StoredResponse,
+};
 use axum_idempotency::{Caller, Engine, EngineConfig, IdemTx, IdempotencyLayer, Store, with_conn};
 use idem_test_support::{Backend, TestDb, both, db};
 use tokio::sync::Semaphore;
@@ -78,6 +81,19 @@ async fn app(db: TestDb, failpoints: bool) -> App {
             .await
             .unwrap();
     });
+    let ctl = Ctl::default();
+    let router = router(&store, &ctl, failpoints);
+    App {
+        router,
+        store,
+        ctl,
+        _db: db,
+    }
+}
+
+/// The app's router on a new [`Engine`] over `store`: a second one on the
+/// same store has its own in-flight registry, like another process.
+fn router(store: &Store, ctl: &Ctl, failpoints: bool) -> Router {
     let mut engine = Engine::new(
         store.clone(),
         Arc::new(SystemClock),
@@ -86,8 +102,7 @@ async fn app(db: TestDb, failpoints: bool) -> App {
     if failpoints {
         engine = engine.with_failpoints(Arc::new(Failpoints::new(Duration::from_secs(5))));
     }
-    let ctl = Ctl::default();
-    let router = Router::new()
+    Router::new()
         .route("/do", post(handler).layer(IdempotencyLayer::new(engine)))
         .layer(axum::middleware::from_fn(
             |mut req: Request<Body>, next: axum::middleware::Next| async move {
@@ -98,18 +113,16 @@ async fn app(db: TestDb, failpoints: bool) -> App {
                 next.run(req).await
             },
         ))
-        .with_state(ctl.clone());
-    App {
-        router,
-        store,
-        ctl,
-        _db: db,
-    }
+        .with_state(ctl.clone())
 }
 
 fn req(key: Option<&str>, status: u16, extra: &[(&str, &str)]) -> Request<Body> {
+    req_as("ann", key, status, extra)
+}
+
+fn req_as(user: &str, key: Option<&str>, status: u16, extra: &[(&str, &str)]) -> Request<Body> {
     let mut b = Request::post("/do")
-        .header("x-user", "ann")
+        .header("x-user", user)
         .header("content-type", "application/json");
     if let Some(k) = key {
         b = b.header("idempotency-key", k);
@@ -263,4 +276,145 @@ async fn with_the_opt_in_an_injected_error_is_a_5xx_that_frees_the_key() {
         send(&app, req(Some("k"), 201, &[])).await.0,
         StatusCode::CREATED
     );
+}
+
+// clause: idem.concurrency.single-effect, idem.claim.atomic, idem.inflight.conflict
+async fn concurrent_first_requests_on_two_engines_execute_once(b: Backend) {
+    // Two engines on one database (two in-flight registries: two processes
+    // as far as the store can tell), many identical first requests per key
+    // at once, alternating between them. The single-phase protocol claims
+    // and records at the end of the transaction, so requests that all saw
+    // the key absent race to the final write: exactly one effect per key,
+    // and every other answer a 409 in use or the winner's response byte for
+    // byte (a loser whose endpoint ran rolls back and replays).
+    let app = Arc::new(app(db!(b, "engine-race"), false).await);
+    let other = router(&app.store, &app.ctl, false);
+    const KEYS: usize = 8;
+    const COPIES: usize = 12;
+    let mut tasks = Vec::new();
+    for k in 0..KEYS {
+        for i in 0..COPIES {
+            let router = if i % 2 == 0 {
+                app.router.clone()
+            } else {
+                other.clone()
+            };
+            tasks.push(tokio::spawn(async move {
+                let user = format!("ann-{k}");
+                let resp = router
+                    .oneshot(req_as(&user, Some("same"), 201, &[]))
+                    .await
+                    .unwrap();
+                let (parts, body) = resp.into_parts();
+                let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+                (k, parts.status, parts.headers, body)
+            }));
+        }
+    }
+    let mut answers: Vec<Vec<_>> = (0..KEYS).map(|_| Vec::new()).collect();
+    for t in tasks {
+        let (k, status, headers, body) = tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .unwrap()
+            .unwrap();
+        answers[k].push((status, headers, body));
+    }
+    for (k, answers) in answers.iter().enumerate() {
+        let user = format!("ann-{k}");
+        let n: i64 = axum_idempotency::with_pool!(&app.store, p => {
+            sqlx::query_scalar("SELECT count(*) FROM effects WHERE owner = $1")
+                .bind(&user)
+                .fetch_one(p)
+                .await
+                .unwrap()
+        });
+        assert_eq!(n, 1, "{user}: exactly one effect");
+        let firsts: Vec<_> = answers
+            .iter()
+            .filter(|(s, h, _)| *s == StatusCode::CREATED && !h.contains_key("idempotent-replayed"))
+            .collect();
+        assert_eq!(firsts.len(), 1, "{user}: one first execution answered");
+        let first = &firsts[0].2;
+        for (status, headers, body) in answers {
+            match *status {
+                StatusCode::CREATED => assert_eq!(body, first, "{user}: replay byte for byte"),
+                StatusCode::CONFLICT => {
+                    assert!(headers.contains_key("retry-after"));
+                    let text = String::from_utf8_lossy(body);
+                    assert!(text.contains("idempotency_key_in_use"), "{user}: {text}");
+                }
+                other => panic!("{user}: unexpected {other}"),
+            }
+        }
+    }
+}
+both!(concurrent_first_requests_on_two_engines_execute_once);
+
+// clause: idem.concurrency.single-effect, idem.claim.transactional
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_request_that_loses_its_final_write_replays_the_winner_and_writes_nothing() {
+    // The protocol's race on PostgreSQL: a transaction that committed the
+    // key's record between our observation's snapshot and its advisory
+    // lock. Our request then holds the lock, saw nothing, runs its endpoint
+    // and loses at the final claim-and-record. Made deterministic by
+    // committing the winner's record (on a transaction of its own, without
+    // the lock, which our request holds) while our endpoint runs.
+    let Some(db) = TestDb::new(Backend::Postgres, "engine-final-lost").await else {
+        return;
+    };
+    let app = Arc::new(app(db, false).await);
+    app.ctl.hold.store(true, Ordering::SeqCst);
+    let ours = {
+        let app = app.clone();
+        tokio::spawn(async move { send(&app, req(Some("k"), 201, &[])).await })
+    };
+    app.ctl.entered.acquire().await.unwrap().forget();
+    let id = axum_idempotency::KeyId::new(
+        Caller::new("ann"),
+        axum_idempotency::IdempotencyKey::parse("k").unwrap(),
+    );
+    let fingerprint =
+        axum_idempotency::Fingerprint::compute("POST", "/do", Some("application/json"), b"201");
+    let request = StoredRequest {
+        method: "POST".into(),
+        path: "/do".into(),
+        content_type: Some("application/json".into()),
+        body: axum::body::Bytes::from_static(b"201"),
+    };
+    let now = SystemClock.now_ms();
+    let winner = ClaimRequest {
+        id: &id,
+        fingerprint: &fingerprint,
+        request: &request,
+        now,
+        lease_expires_at: now + 60_000,
+        replay_until: now + 3_600_000,
+        expires_at: now + 7_200_000,
+    };
+    let theirs = StoredResponse {
+        status: 201,
+        headers: vec![StoredHeader::new(
+            "content-type",
+            b"text/plain; charset=utf-8",
+        )],
+        body: b"the winner".to_vec(),
+    };
+    let mut tx = app.store.begin().await.unwrap();
+    assert!(
+        app.store
+            .record_final(&mut tx, &winner, &theirs, now)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    app.store.commit(tx).await.unwrap();
+    app.ctl.release.add_permits(1);
+    let (status, headers, body) = tokio::time::timeout(Duration::from_secs(30), ours)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((status, body.as_str()), (StatusCode::CREATED, "the winner"));
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(app.ctl.runs.load(Ordering::SeqCst), 1, "our endpoint ran");
+    assert_eq!(effects(&app).await, 0, "and its write was rolled back");
 }

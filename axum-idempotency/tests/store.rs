@@ -598,3 +598,166 @@ async fn abandoned_lists_expired_multi_step_keys_only(b: Backend) {
     assert_eq!(k.fingerprint, fp("fp1"));
 }
 both!(abandoned_lists_expired_multi_step_keys_only);
+
+fn claim_request<'a>(
+    id: &'a KeyId,
+    fingerprint: &'a Fingerprint,
+    request: &'a StoredRequest,
+    now: i64,
+) -> ClaimRequest<'a> {
+    ClaimRequest {
+        id,
+        fingerprint,
+        request,
+        now,
+        lease_expires_at: now + 60_000,
+        replay_until: now + 24 * HOUR,
+        expires_at: now + 72 * HOUR,
+    }
+}
+
+async fn business_rows(s: &Store) -> i64 {
+    with_pool!(s, p => {
+        sqlx::query_scalar("SELECT count(*) FROM business").fetch_one(p).await.unwrap()
+    })
+}
+
+// clause: idem.claim.atomic, idem.claim.transactional, idem.concurrency.single-effect
+async fn a_single_phase_claim_that_loses_its_final_write_leaves_no_business_write(b: Backend) {
+    // The single-phase protocol's race, made deterministic: a request
+    // observes its key absent, and before its final claim-and-record a
+    // competitor's record for the same key commits. On PostgreSQL that is
+    // a transaction that committed between our statement's snapshot and
+    // our advisory lock (so we hold the lock and saw nothing); on SQLite a
+    // request of another process that committed between our read and our
+    // BEGIN IMMEDIATE. The competitor is written here with the same final
+    // statement on a transaction of its own (not the key's lock, which on
+    // PostgreSQL we hold), which is the state of the world the race leaves.
+    let db = db!(b, "store-final-lost");
+    let s = store(&db).await;
+    with_pool!(&s, p => {
+        sqlx::query("CREATE TABLE business (n BIGINT NOT NULL)").execute(p).await.unwrap();
+    });
+    let (kid, fingerprint, request) = (id("alice", "k"), fp("fp"), request());
+    let ours = claim_request(&kid, &fingerprint, &request, 1_000);
+    let observed = s.observe(&kid, 1_000).await.unwrap();
+    assert!(observed.record.is_none() && !observed.busy, "absent, free");
+    // The winner commits its record.
+    let mut theirs = s.begin().await.unwrap();
+    let won = s
+        .record_final(&mut theirs, &ours, &response(), 1_100)
+        .await
+        .unwrap();
+    assert_eq!(won, Some(1), "a fresh key is inserted at generation 1");
+    s.commit(theirs).await.unwrap();
+    // Ours runs its endpoint in the claim's transaction, then loses.
+    let mut tx = match observed.tx {
+        Some(tx) => tx,
+        None => s.begin_single(&kid).await.unwrap().expect("not busy"),
+    };
+    axum_idempotency::with_conn!(&mut tx, c => {
+        sqlx::query("INSERT INTO business (n) VALUES (1)").execute(&mut *c).await.unwrap();
+    });
+    let mut mine = response();
+    mine.body = br#"{"id":2}"#.to_vec();
+    assert_eq!(
+        s.record_final(&mut tx, &ours, &mine, 1_200).await.unwrap(),
+        None,
+        "the committed record is inside its window: not replaceable"
+    );
+    s.rollback(tx).await.unwrap();
+    assert_eq!(business_rows(&s).await, 0, "the loser's write is gone");
+    let rec = s.lookup(&kid).await.unwrap().unwrap();
+    assert_eq!(rec.state, KeyState::Complete);
+    assert_eq!(
+        rec.response,
+        Some(response()),
+        "the winner's record, untouched"
+    );
+    // Past the window the same statement replaces the record: a new request.
+    let later = claim_request(&kid, &fingerprint, &request, 1_000 + 25 * HOUR);
+    let mut tx = s.begin_single(&kid).await.unwrap().expect("not busy");
+    assert_eq!(
+        s.record_final(&mut tx, &later, &mine, later.now)
+            .await
+            .unwrap(),
+        Some(2),
+        "replaced, generation bumped"
+    );
+    s.commit(tx).await.unwrap();
+    let rec = s.lookup(&kid).await.unwrap().unwrap();
+    assert_eq!(rec.response.map(|r| r.body), Some(mine.body));
+    assert_eq!(rec.replay_until, later.replay_until);
+}
+both!(a_single_phase_claim_that_loses_its_final_write_leaves_no_business_write);
+
+// clause: idem.claim.atomic, idem.window.progress
+async fn the_final_write_never_replaces_a_record_in_flight(b: Backend) {
+    // A multi-step request's committed claim (live lease, and one with
+    // progress whose lease is over) is never replaced by a single-phase
+    // final write; an abandoned claim at `started` is.
+    let db = db!(b, "store-final-inflight");
+    let s = store(&db).await;
+    let (fingerprint, request) = (fp("fp1"), request());
+    for (key, point, lease, replaceable) in [
+        ("live", "started", 10_000, false),
+        ("progressed", "charge_created", 0, false),
+        ("abandoned", "started", 0, true),
+    ] {
+        in_flight_at(&s, key, point, lease).await;
+        let kid = id("alice", key);
+        let req = claim_request(&kid, &fingerprint, &request, 5_000);
+        let mut tx = s.begin_single(&kid).await.unwrap().expect("not busy");
+        let wrote = s
+            .record_final(&mut tx, &req, &response(), 5_000)
+            .await
+            .unwrap();
+        s.rollback(tx).await.unwrap();
+        assert_eq!(wrote.is_some(), replaceable, "{key}");
+    }
+}
+both!(the_final_write_never_replaces_a_record_in_flight);
+
+// clause: idem.inflight.conflict
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_observe_holds_the_key_lock_and_a_duplicate_is_busy() {
+    // The observation's one statement takes the key's advisory lock, so a
+    // second observation (or a multi-step claim) of the same key is busy
+    // at once, while a complete record inside its window is read without
+    // the lock (replays never contend).
+    let Some(db) = TestDb::new(Backend::Postgres, "store-observe").await else {
+        return;
+    };
+    let s = store(&db).await;
+    let kid = id("alice", "k");
+    let first = s.observe(&kid, 1_000).await.unwrap();
+    let tx = first
+        .tx
+        .expect("PostgreSQL observes inside the transaction");
+    let second = tokio::time::timeout(std::time::Duration::from_secs(5), s.observe(&kid, 1_000))
+        .await
+        .expect("must not block")
+        .unwrap();
+    assert!(second.busy && second.tx.is_none());
+    assert!(matches!(
+        claim(&s, "alice", "k", "fp", 1_000).await,
+        ClaimOutcome::Busy
+    ));
+    assert!(s.begin_single(&kid).await.unwrap().is_none(), "busy");
+    let (fingerprint, request) = (fp("fp"), request());
+    let mut tx = tx;
+    let req = claim_request(&kid, &fingerprint, &request, 1_000);
+    assert!(
+        s.record_final(&mut tx, &req, &response(), 1_000)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    s.commit(tx).await.unwrap();
+    // Complete: read without taking the lock, even while someone holds it.
+    let holder = s.begin_single(&kid).await.unwrap().expect("free again");
+    let replay = s.observe(&kid, 2_000).await.unwrap();
+    assert!(!replay.busy && replay.tx.is_none());
+    assert_eq!(replay.record.unwrap().response, Some(response()));
+    s.rollback(holder).await.unwrap();
+}

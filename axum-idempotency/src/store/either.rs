@@ -15,8 +15,8 @@ use sqlx::{PgConnection, SqliteConnection};
 
 use super::ops::StagedJob;
 use super::{
-    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, PgStore,
-    ReapBatch, SqliteStore, SqliteTx, StagedJobs, TakenOver,
+    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
+    PgStore, ReapBatch, SqliteStore, SqliteTx, StagedJobs, StoredResponse, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::{Error, Result};
@@ -257,6 +257,14 @@ fn claimed<T>(o: ClaimOutcome<T>, wrap: fn(T) -> DbTx) -> ClaimOutcome<DbTx> {
     }
 }
 
+fn wrap_observed<T>(o: Observed<T>, wrap: fn(T) -> DbTx) -> Observed<DbTx> {
+    Observed {
+        record: o.record,
+        busy: o.busy,
+        tx: o.tx.map(wrap),
+    }
+}
+
 impl KeyStore for Store {
     type Tx = DbTx;
 
@@ -294,6 +302,34 @@ impl KeyStore for Store {
         match self {
             Self::Sqlite(s) => Ok(claimed(s.claim(req).await?, DbTx::Sqlite)),
             Self::Postgres(s) => Ok(claimed(s.claim(req).await?, DbTx::Postgres)),
+        }
+    }
+
+    async fn observe(&self, id: &KeyId, now: Millis) -> Result<Observed<DbTx>> {
+        match self {
+            Self::Sqlite(s) => Ok(wrap_observed(s.observe(id, now).await?, DbTx::Sqlite)),
+            Self::Postgres(s) => Ok(wrap_observed(s.observe(id, now).await?, DbTx::Postgres)),
+        }
+    }
+
+    async fn begin_single(&self, id: &KeyId) -> Result<Option<DbTx>> {
+        match self {
+            Self::Sqlite(s) => Ok(s.begin_single(id).await?.map(DbTx::Sqlite)),
+            Self::Postgres(s) => Ok(s.begin_single(id).await?.map(DbTx::Postgres)),
+        }
+    }
+
+    async fn record_final(
+        &self,
+        tx: &mut DbTx,
+        req: &ClaimRequest<'_>,
+        response: &StoredResponse,
+        now: Millis,
+    ) -> Result<Option<i64>> {
+        match (self, tx) {
+            (Self::Sqlite(s), DbTx::Sqlite(tx)) => s.record_final(tx, req, response, now).await,
+            (Self::Postgres(s), DbTx::Postgres(tx)) => s.record_final(tx, req, response, now).await,
+            _ => Err(wrong_backend()),
         }
     }
 

@@ -17,8 +17,10 @@
 //!   [`KeyStore::lookup`] the only read outside one: bounded connection
 //!   acquisition, retiring a connection whose commit failed, and "store
 //!   unavailable" answers belong there.
-//! - [`KeyStore::claim`] is the whole claim protocol on the store's side
-//!   (the engine's side is [`crate::decide`]).
+//! - [`KeyStore::observe`], [`KeyStore::begin_single`] and
+//!   [`KeyStore::record_final`] are the whole claim protocol of a
+//!   single-phase request on the store's side, and [`KeyStore::claim`] that
+//!   of a multi-step one (the engine's side of both is [`crate::decide`]).
 //!
 //! ## The table
 //!
@@ -39,20 +41,84 @@
 //! the key row's lock, so a takeover and a stale commit are ordered by the
 //! database; READ COMMITTED re-evaluates the guard after the wait.
 //!
+//! ## The single-phase protocol: claim and record in one write, at the end
+//!
+//! A single-phase request (the [`IdempotencyLayer`](crate::IdempotencyLayer))
+//! commits nothing before its endpoint has run, so its claim need not be a
+//! row until then. It is:
+//!
+//! 1. **Observe** ([`KeyStore::observe`]). PostgreSQL: `BEGIN`, then one
+//!    statement that reads the key's record and, unless that record is
+//!    complete inside its window, takes the key's transaction-scoped
+//!    advisory try-lock. Lock not free: another transaction is executing
+//!    the key, so it is in flight (409 `idempotency_key_in_use`, or
+//!    `Prefer: wait`). SQLite: a plain read outside the writer.
+//! 2. **Decide** ([`crate::decide`], pure): a complete record inside its
+//!    window is replayed (or refused, other fingerprint), the transaction
+//!    rolled back; an absent or replaceable key is claimed.
+//! 3. **Run** the endpoint in the transaction that holds the key's claim:
+//!    the advisory lock (PostgreSQL, from step 1, or [`begin_single`]); the
+//!    writer lock, `BEGIN IMMEDIATE` (SQLite, [`begin_single`]).
+//! 4. **Claim and record** ([`KeyStore::record_final`]): one `INSERT` of the
+//!    complete record `ON CONFLICT (caller, idem_key) DO UPDATE ... WHERE`
+//!    the existing row is replaceable (its window is over, or it is in
+//!    flight at `started` with an expired lease), `RETURNING generation`,
+//!    then `COMMIT`. A `5xx` instead rolls everything back, nothing stored.
+//!
+//! [`begin_single`]: KeyStore::begin_single
+//!
+//! **The race it must survive.** Step 1's read is not exact. On PostgreSQL
+//! a statement's snapshot is taken before its lock: a transaction that held
+//! the key's lock and committed its record in between is invisible to the
+//! read, yet its lock is free, so two requests can both see "absent" and
+//! both run the endpoint. On SQLite the read happens before the writer lock
+//! (so replays and mismatches never queue for the single writer, and a
+//! first execution holds the writer one statement less), so another request
+//! can commit between read and `BEGIN IMMEDIATE`. Neither relies on the
+//! read: the final statement is arbitrated by the primary key on
+//! (caller, key) against the latest *committed* row, whatever the snapshot,
+//! exactly like the multi-step claim (clause `idem.claim.atomic`). The
+//! second request finds the first one's complete row, the `WHERE` is false,
+//! no row comes back, and the engine rolls its transaction back, its
+//! endpoint's writes with it (clause `idem.claim.transactional`), then
+//! observes again and answers from the committed record: the identical
+//! replay, a mismatch, or a retryable 409. So "both saw absent" still leaves
+//! exactly one effect (clause `idem.concurrency.single-effect`); what it
+//! costs is one wasted, rolled-back execution in a window of microseconds.
+//! The final statement never waits for an uncommitted key row: every writer
+//! of a claimable key row (this protocol, the multi-step claim, an older
+//! version of this library during a rolling deploy) holds the same advisory
+//! lock (PostgreSQL) or the writer lock (SQLite). A request that lost and
+//! then finds the key claimable again (the winner's record already reaped)
+//! answers 409 rather than run a second time. Tested in `tests/store.rs`
+//! (`a_single_phase_claim_that_loses_its_final_write_leaves_no_business_write`,
+//! `the_final_write_never_replaces_a_record_in_flight`) and
+//! `tests/engine.rs` (`concurrent_first_requests_on_two_engines_execute_once`,
+//! `postgres_a_request_that_loses_its_final_write_replays_the_winner_and_writes_nothing`).
+//!
+//! Multi-step requests commit their claim with their first phase (a
+//! recovery point must be durable before a foreign call), so they keep
+//! [`KeyStore::claim`]: `INSERT` the in-flight row under the same lock,
+//! then fenced updates.
+//!
 //! ## Costs (the design target of clause `idem.claim.transactional`)
 //!
-//! - A replay is one primary-key read ([`KeyStore::lookup`]), no transaction.
-//! - A first execution of a single-phase request is one read that misses plus
-//!   one transaction: claim (`INSERT ... ON CONFLICT`), the endpoint's
-//!   writes and the stored response commit together. The claim is *not*
-//!   committed on its own, so a crash anywhere leaves no trace at all.
+//! - A first execution of a single-phase request is one transaction and one
+//!   key write. PostgreSQL: `BEGIN`, the observation, the endpoint's
+//!   statements, the claim-and-record, `COMMIT` (two statements and one
+//!   `BEGIN` more than the endpoint alone). SQLite: one read outside the
+//!   writer, then `BEGIN IMMEDIATE`, the endpoint's statements, the
+//!   claim-and-record, `COMMIT` (one statement more under the writer).
+//!   A crash anywhere before the commit leaves no trace at all.
+//! - A replay: PostgreSQL `BEGIN`, the observation (no lock taken) and
+//!   `ROLLBACK`, all reads; SQLite one primary-key read. No write.
 //! - Where it does not hold: a duplicate arriving while the original runs
-//!   costs a read plus a short transaction that fails its advisory lock
-//!   (PostgreSQL); a key reused after its window is a read plus the
-//!   transaction; a `5xx` is a transaction rolled back; multi-step requests
-//!   commit one transaction per phase by design (the first joins the
-//!   claim's), plus one short transaction per takeover and per intent
-//!   recorded before a foreign call.
+//!   costs the observation (PostgreSQL: the lock is not free; SQLite: the
+//!   engine's registry answers in-process duplicates); a request that lost
+//!   the race above runs its endpoint once and rolls it back; a `5xx` is a
+//!   transaction rolled back; multi-step requests commit one transaction
+//!   per phase by design (the first joins the claim's), plus one short
+//!   transaction per takeover and per intent recorded before a foreign call.
 
 mod either;
 mod ops;
@@ -209,6 +275,26 @@ pub enum ClaimOutcome<Tx> {
     Taken,
 }
 
+/// What a single-phase request learns about its key before it runs
+/// ([`KeyStore::observe`]).
+#[derive(Debug)]
+pub struct Observed<Tx> {
+    /// The committed record as read (possibly a moment old: the final write,
+    /// [`KeyStore::record_final`], is what arbitrates).
+    pub record: Option<KeyRecord>,
+    /// Another transaction holds this key's claim right now (PostgreSQL:
+    /// its advisory lock was not free): the key is in flight, though no
+    /// committed record shows it yet.
+    pub busy: bool,
+    /// A transaction that already holds this key's claim (PostgreSQL: the
+    /// advisory lock, taken by the same statement that read `record`), for
+    /// the request to run in if it executes; the caller rolls it back if
+    /// it does not. `None` when the store took no lock, and always on
+    /// SQLite, whose claim is the writer lock that
+    /// [`KeyStore::begin_single`] takes.
+    pub tx: Option<Tx>,
+}
+
 /// What a takeover won.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TakenOver {
@@ -317,6 +403,40 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         &self,
         req: &ClaimRequest<'_>,
     ) -> impl Future<Output = Result<ClaimOutcome<Self::Tx>>> + Send;
+
+    /// The observation of a single-phase request: its key's record and
+    /// whether another transaction is executing it, in as few statements as
+    /// the store allows (PostgreSQL: `BEGIN` plus one statement that reads
+    /// the record and takes the advisory try-lock; SQLite: one read outside
+    /// the writer, so replays never queue for it). See the module docs,
+    /// "The single-phase protocol".
+    fn observe(
+        &self,
+        id: &KeyId,
+        now: Millis,
+    ) -> impl Future<Output = Result<Observed<Self::Tx>>> + Send;
+
+    /// Opens the transaction a single-phase request runs in when
+    /// [`observe`](KeyStore::observe) gave none, holding the key's claim
+    /// for its whole life (PostgreSQL: the advisory lock; SQLite: the
+    /// writer lock). `None`: another transaction holds the key (busy).
+    fn begin_single(&self, id: &KeyId) -> impl Future<Output = Result<Option<Self::Tx>>> + Send;
+
+    /// Inside `tx`, at the end of a single-phase request: claims the key and
+    /// records its final `response` in one statement (`INSERT ... ON
+    /// CONFLICT DO UPDATE ... WHERE` the existing row is replaceable),
+    /// arbitrated by the primary key like [`claim`](KeyStore::claim).
+    /// `Some(generation)`: recorded (commit next); `None`: a committed
+    /// record that may not be replaced exists (a concurrent request won):
+    /// the caller rolls `tx` back, the endpoint's writes with it. Does not
+    /// commit.
+    fn record_final(
+        &self,
+        tx: &mut Self::Tx,
+        req: &ClaimRequest<'_>,
+        response: &StoredResponse,
+        now: Millis,
+    ) -> impl Future<Output = Result<Option<i64>>> + Send;
 
     /// Inside `tx`: makes `write` if `fence` is still current, else
     /// [`Error::Fenced`](crate::Error::Fenced) (the caller then rolls `tx`

@@ -49,6 +49,37 @@ const CLAIM_SQL: &str = "INSERT INTO idempotency_keys (caller, idem_key, fingerp
      RETURNING generation";
 // ANCHOR_END: claim
 
+// ANCHOR: claim_final
+/// The single-phase claim: claims the key *and* records its final response
+/// in one statement, at the end of the transaction that carries the
+/// endpoint's writes (see "The single-phase protocol" in the store docs).
+/// Arbitrated by the primary key exactly like the claim above, with the same
+/// `WHERE`: a fresh key is inserted complete; an existing row is replaced
+/// only when its window is over or it is in flight at `started` with an
+/// expired lease. Otherwise (someone else's record committed meanwhile)
+/// nothing changes, `RETURNING` yields no row, and the caller rolls the
+/// whole transaction back, the endpoint's writes with it.
+const CLAIM_FINAL_SQL: &str = "INSERT INTO idempotency_keys (caller, idem_key, fingerprint, state, \
+     recovery_point, generation, locked_at, lease_expires_at, created_at, replay_until, expires_at, \
+     completed_at, request_method, request_path, request_content_type, request_body, \
+     response_status, response_headers, response_body) \
+     VALUES ($1, $2, $3, 'complete', 'finished', 1, NULL, NULL, $4, $5, $6, $7, $8, $9, $10, $11, \
+             $12, $13, $14) \
+     ON CONFLICT (caller, idem_key) DO UPDATE SET \
+       fingerprint = excluded.fingerprint, state = 'complete', recovery_point = 'finished', \
+       generation = idempotency_keys.generation + 1, locked_at = NULL, lease_expires_at = NULL, \
+       created_at = excluded.created_at, replay_until = excluded.replay_until, \
+       expires_at = excluded.expires_at, completed_at = excluded.completed_at, \
+       request_method = excluded.request_method, request_path = excluded.request_path, \
+       request_content_type = excluded.request_content_type, request_body = excluded.request_body, \
+       response_status = excluded.response_status, response_headers = excluded.response_headers, \
+       response_body = excluded.response_body \
+     WHERE (idempotency_keys.state = 'complete' AND idempotency_keys.replay_until <= excluded.created_at) \
+        OR (idempotency_keys.state = 'in_flight' AND idempotency_keys.recovery_point = 'started' \
+            AND idempotency_keys.lease_expires_at <= excluded.created_at) \
+     RETURNING generation";
+// ANCHOR_END: claim_final
+
 /// The final write is fenced: it only touches the row if this request's
 /// generation is still the current one (clause `idem.lease.fencing`). A key
 /// finished after its replay window (resumed under `idem.window.progress`)
@@ -212,6 +243,40 @@ macro_rules! ops {
                 .bind(&req.request.path)
                 .bind(req.request.content_type.as_deref())
                 .bind(req.request.body.as_ref())
+                .fetch_optional(&mut *c)
+                .await?)
+        }
+
+        /// The single-phase claim-and-record; `Some(generation)` when it
+        /// wrote. A request finished after its replay window (a paused
+        /// request, a moved test clock) is replayed until its retention
+        /// ends, as [`COMPLETE_SQL`] does.
+        pub(crate) async fn claim_final(
+            c: &mut $conn,
+            req: &ClaimRequest<'_>,
+            response: &StoredResponse,
+            now: i64,
+        ) -> Result<Option<i64>> {
+            let replay_until = if req.replay_until <= now {
+                req.expires_at
+            } else {
+                req.replay_until
+            };
+            Ok(sqlx::query_scalar(CLAIM_FINAL_SQL)
+                .bind(req.id.caller().as_str())
+                .bind(req.id.key().as_str())
+                .bind(req.fingerprint.to_hex())
+                .bind(req.now)
+                .bind(replay_until)
+                .bind(req.expires_at)
+                .bind(now)
+                .bind(&req.request.method)
+                .bind(&req.request.path)
+                .bind(req.request.content_type.as_deref())
+                .bind(req.request.body.as_ref())
+                .bind(i64::from(response.status))
+                .bind(headers_json(response)?)
+                .bind(&response.body)
                 .fetch_optional(&mut *c)
                 .await?)
         }
@@ -415,4 +480,43 @@ pub(crate) mod sqlite {
 /// The operations on a PostgreSQL connection.
 pub(crate) mod pg {
     ops!(sqlx::PgConnection);
+
+    // ANCHOR: observe_pg
+    /// The single-phase observation on PostgreSQL, one statement inside the
+    /// request's transaction: the key's record (a LEFT JOIN, so a missing
+    /// key is still one row) and, unless that record is complete inside its
+    /// window (a replay or a mismatch, which need no lock), the key's
+    /// transaction-scoped advisory try-lock (see `ADVISORY_LOCK_SQL` in
+    /// `postgres.rs`; same lock, same hash). `locked` is NULL when the lock
+    /// was not tried, false when another transaction holds it.
+    const OBSERVE_SQL: &str = "SELECT CASE WHEN k.state IS NULL OR k.state <> 'complete' \
+         OR k.replay_until <= $3 THEN pg_try_advisory_xact_lock(hashtextextended(\
+         current_schema() || chr(31) || $1 || chr(31) || $2, 0)) END AS locked, \
+         k.fingerprint, k.state, k.recovery_point, k.generation, k.lease_expires_at, \
+         k.created_at, k.replay_until, k.expires_at, k.response_status, k.response_headers, \
+         k.response_body \
+         FROM (SELECT 1) AS one \
+         LEFT JOIN idempotency_keys AS k ON k.caller = $1 AND k.idem_key = $2";
+    // ANCHOR_END: observe_pg
+
+    /// Runs [`OBSERVE_SQL`]: (`locked`, the record).
+    pub(crate) async fn observe(
+        c: &mut sqlx::PgConnection,
+        id: &KeyId,
+        now: i64,
+    ) -> Result<(Option<bool>, Option<KeyRecord>)> {
+        let row = sqlx::query(OBSERVE_SQL)
+            .bind(id.caller().as_str())
+            .bind(id.key().as_str())
+            .bind(now)
+            .fetch_one(&mut *c)
+            .await?;
+        let locked: Option<bool> = row.try_get("locked")?;
+        let state: Option<String> = row.try_get("state")?;
+        let record = match state {
+            Some(_) => Some(decode_record(&row)?),
+            None => None,
+        };
+        Ok((locked, record))
+    }
 }

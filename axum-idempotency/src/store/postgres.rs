@@ -21,8 +21,8 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 use super::ops::{self, StagedJob};
 use super::{
-    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, ReapBatch,
-    StagedJobs, TakenOver,
+    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
+    ReapBatch, StagedJobs, StoredResponse, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::Result;
@@ -133,6 +133,53 @@ impl KeyStore for PgStore {
                 Ok(ClaimOutcome::Taken)
             }
         }
+    }
+
+    async fn observe(&self, id: &KeyId, now: Millis) -> Result<Observed<Self::Tx>> {
+        // BEGIN plus one statement. Its snapshot is taken before its lock,
+        // so a request that committed in between is not seen here: then
+        // the final claim-and-record finds its row and loses (the
+        // protocol's race, argued in the store docs).
+        let mut tx = self.begin().await?;
+        let (locked, record) = ops::pg::observe(&mut tx, id, now).await?;
+        if locked == Some(true) {
+            return Ok(Observed {
+                record,
+                busy: false,
+                tx: Some(tx),
+            });
+        }
+        self.rollback(tx).await?;
+        Ok(Observed {
+            record,
+            busy: locked == Some(false),
+            tx: None,
+        })
+    }
+
+    async fn begin_single(&self, id: &KeyId) -> Result<Option<Self::Tx>> {
+        let mut tx = self.begin().await?;
+        let locked: bool = sqlx::query_scalar(ADVISORY_LOCK_SQL)
+            .bind(id.caller().as_str())
+            .bind(id.key().as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+        if locked {
+            Ok(Some(tx))
+        } else {
+            self.rollback(tx).await?;
+            Ok(None)
+        }
+    }
+
+    async fn record_final(
+        &self,
+        tx: &mut Self::Tx,
+        req: &ClaimRequest<'_>,
+        response: &StoredResponse,
+        now: Millis,
+    ) -> Result<Option<i64>> {
+        ops::pg::claim_final(tx, req, response, now).await
     }
 
     async fn write_fenced(

@@ -43,8 +43,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::ops::{self, StagedJob};
 use super::{
-    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, ReapBatch,
-    StagedJobs, TakenOver,
+    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
+    ReapBatch, StagedJobs, StoredResponse, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::{Error, Result};
@@ -209,6 +209,35 @@ impl KeyStore for SqliteStore {
                 Ok(ClaimOutcome::Taken)
             }
         }
+    }
+
+    async fn observe(&self, id: &KeyId, _now: Millis) -> Result<Observed<SqliteTx>> {
+        // A plain read outside the writer: replays and mismatches never
+        // queue for it, and a first execution does not hold the writer one
+        // statement longer. A record committed after this read (by another
+        // process on the same file) is caught by the final
+        // claim-and-record, which then loses.
+        Ok(Observed {
+            record: self.lookup(id).await?,
+            busy: false,
+            tx: None,
+        })
+    }
+
+    async fn begin_single(&self, _id: &KeyId) -> Result<Option<SqliteTx>> {
+        // The writer lock is the claim: no other transaction can write this
+        // key (or anything) until this one ends.
+        Ok(Some(self.begin().await?))
+    }
+
+    async fn record_final(
+        &self,
+        tx: &mut SqliteTx,
+        req: &ClaimRequest<'_>,
+        response: &StoredResponse,
+        now: Millis,
+    ) -> Result<Option<i64>> {
+        ops::sqlite::claim_final(tx, req, response, now).await
     }
 
     async fn write_fenced(
