@@ -17,6 +17,35 @@
 
 use crate::error::{Error, Result};
 
+/// The two statements of a list ordered by `(created_at, id)`: the count
+/// of every row of the caller's that matches, and one page after the
+/// cursor. `select` is `SELECT … FROM table WHERE owner = $1`; `filters`
+/// are column names fixed by the endpoint (never taken from the query
+/// string), each `= $n`. Binds, in order: the owner, each filter's value,
+/// then (when `after`) the cursor's `created_at` and `id`, then the limit.
+pub fn statements(table: &str, select: &str, filters: &[&str], after: bool) -> (String, String) {
+    let mut filter = String::new();
+    let mut n = 1;
+    for column in filters {
+        n += 1;
+        filter.push_str(&format!(" AND {column} = ${n}"));
+    }
+    let count = format!("SELECT COUNT(*) FROM {table} WHERE owner = $1{filter}");
+    let mut page = format!("{select}{filter}");
+    if after {
+        // The >= lets the index range start at the cursor; the OR breaks
+        // ties on created_at by id.
+        page.push_str(&format!(
+            " AND created_at >= ${a} AND (created_at > ${a} OR id > ${b})",
+            a = n + 1,
+            b = n + 2
+        ));
+        n += 2;
+    }
+    page.push_str(&format!(" ORDER BY created_at, id LIMIT ${}", n + 1));
+    (count, page)
+}
+
 /// Items per page when the request names no `limit`.
 pub const DEFAULT_LIMIT: u32 = 50;
 

@@ -566,23 +566,9 @@ pub async fn list_payments(
     .into_iter()
     .filter_map(|(column, v)| v.map(|v| (column, v)))
     .collect();
-    let mut filter = String::new();
-    let mut n = 1;
-    for (column, _) in &filters {
-        n += 1;
-        filter.push_str(&format!(" AND {column} = ${n}"));
-    }
-    let count_sql = format!("SELECT COUNT(*) FROM payments WHERE owner = $1{filter}");
-    let mut page_sql = format!("{SELECT_PAYMENTS}{filter}");
-    if after.is_some() {
-        page_sql.push_str(&format!(
-            " AND created_at >= ${a} AND (created_at > ${a} OR id > ${b})",
-            a = n + 1,
-            b = n + 2
-        ));
-        n += 2;
-    }
-    page_sql.push_str(&format!(" ORDER BY created_at, id LIMIT ${}", n + 1));
+    let columns: Vec<&str> = filters.iter().map(|(column, _)| *column).collect();
+    let (count_sql, page_sql) =
+        page::statements("payments", SELECT_PAYMENTS, &columns, after.is_some());
     let (count, rows) = with_pool!(&app.store, p => {
         let mut c = sqlx::query_scalar::<_, i64>(&count_sql).bind(&caller.0);
         let mut q = sqlx::query(&page_sql).bind(&caller.0);

@@ -289,26 +289,9 @@ pub async fn list_transfers(
         .map(|c| page::position(CURSOR_TAG, c))
         .transpose()?;
     let memo = query.memo.as_deref();
-    // $1 owner, $2 memo (when filtered); then the cursor and the limit.
-    let mut filter = String::new();
-    let mut n = 1;
-    if memo.is_some() {
-        n += 1;
-        filter.push_str(&format!(" AND memo = ${n}"));
-    }
-    let count_sql = format!("SELECT COUNT(*) FROM transfers WHERE owner = $1{filter}");
-    let mut page_sql = format!("{SELECT_TRANSFERS}{filter}");
-    if after.is_some() {
-        // The >= lets the index range start at the cursor; the OR breaks
-        // ties on created_at by id.
-        page_sql.push_str(&format!(
-            " AND created_at >= ${a} AND (created_at > ${a} OR id > ${b})",
-            a = n + 1,
-            b = n + 2
-        ));
-        n += 2;
-    }
-    page_sql.push_str(&format!(" ORDER BY created_at, id LIMIT ${}", n + 1));
+    let filters: &[&str] = if memo.is_some() { &["memo"] } else { &[] };
+    let (count_sql, page_sql) =
+        page::statements("transfers", SELECT_TRANSFERS, filters, after.is_some());
     let (count, rows) = with_pool!(&app.store, p => {
         let mut c = sqlx::query_scalar::<_, i64>(&count_sql).bind(&caller.0);
         let mut q = sqlx::query(&page_sql).bind(&caller.0);
