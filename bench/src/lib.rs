@@ -19,7 +19,7 @@
 //! Modules: [`load`] the load generator; [`child`] child processes and
 //! binaries; [`baseline`] the layer-less server; [`pg`] the throwaway
 //! cluster and its counters; [`sqlite_wal`] commits counted in SQLite's
-//! WAL; [`procfs`] CPU and memory from `/proc`; [`run`] one run;
+//! WAL; [`procfs`] CPU and memory from `/proc`; [`mod@run`] one run;
 //! [`report`] targets and Markdown. Linux only (`/proc`).
 //!
 //! Nothing here asserts a timing: the benchmark reports, the reader judges.
