@@ -126,6 +126,31 @@ pub fn split<T>(mut rows: Vec<T>, limit: u32) -> (Vec<T>, bool) {
     (rows, more)
 }
 
+/// The page of a list ordered by `(created_at, id)`, from the `limit + 1`
+/// rows its [`statements`] fetched (each item with its `created_at`), and
+/// the cursor of the next page (`None` on the last one).
+pub fn finish<T>(
+    tag: &str,
+    rows: Vec<(T, i64)>,
+    limit: u32,
+    id: impl Fn(&T) -> &str,
+) -> (Vec<T>, Option<String>) {
+    let (rows, more) = split(rows, limit);
+    let next = more
+        .then(|| rows.last())
+        .flatten()
+        .map(|(item, created_at)| {
+            cursor(
+                tag,
+                &Position {
+                    created_at: *created_at,
+                    id: id(item).to_owned(),
+                },
+            )
+        });
+    (rows.into_iter().map(|(item, _)| item).collect(), next)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

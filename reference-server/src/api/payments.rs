@@ -587,19 +587,10 @@ pub async fn list_payments(
         }
         (count, out)
     });
-    let (rows, more) = page::split(rows, limit);
-    let next_cursor = more.then(|| rows.last()).flatten().map(|(p, created_at)| {
-        page::cursor(
-            PAYMENTS_CURSOR,
-            &page::Position {
-                created_at: *created_at,
-                id: p.id.clone(),
-            },
-        )
-    });
+    let (payments, next_cursor) = page::finish(PAYMENTS_CURSOR, rows, limit, |p| &p.id);
     Ok(Json(PaymentList {
         count: usize::try_from(count).unwrap_or_default(),
-        payments: rows.into_iter().map(|(p, _)| p).collect(),
+        payments,
         next_cursor,
     }))
 }

@@ -310,19 +310,10 @@ pub async fn list_transfers(
         }
         (count, out)
     });
-    let (rows, more) = page::split(rows, limit);
-    let next_cursor = more.then(|| rows.last()).flatten().map(|(t, created_at)| {
-        page::cursor(
-            CURSOR_TAG,
-            &page::Position {
-                created_at: *created_at,
-                id: t.id.clone(),
-            },
-        )
-    });
+    let (transfers, next_cursor) = page::finish(CURSOR_TAG, rows, limit, |t| &t.id);
     Ok(Json(TransferList {
         count: usize::try_from(count).unwrap_or_default(),
-        transfers: rows.into_iter().map(|(t, _)| t).collect(),
+        transfers,
         next_cursor,
     }))
 }
