@@ -43,19 +43,6 @@ async fn start_with(program: &str, pre: &[&str], flags: &[&str], env: &[(&str, &
     Server { child, _dir: dir }
 }
 
-/// The child's stderr once it contains `needle` (bounded by [`GUARD`]): the
-/// log is read by a task of its own, a little after the child writes it.
-async fn stderr_with(child: &ChildServer, needle: &str) -> String {
-    let deadline = tokio::time::Instant::now() + GUARD;
-    loop {
-        let log = child.stderr();
-        if log.contains(needle) || tokio::time::Instant::now() >= deadline {
-            return log;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Reads until the server closes the connection: what it sent, and
 /// whether it closed (false: the guard ran out first).
 async fn read_to_close(s: &mut TcpStream, guard: Duration) -> (Vec<u8>, bool) {
@@ -448,7 +435,10 @@ async fn eleven_hundred_silent_sockets_under_a_1024_file_limit_do_not_lock_out_a
         .await
         .expect("a new client is served");
     assert_eq!(r.status(), 200);
-    let log = stderr_with(&server.child, "connection limits").await;
+    let log = server
+        .child
+        .stderr_containing("connection limits", GUARD)
+        .await;
     let expected_cap = server_limit - (server_limit / 4).max(64);
     assert!(
         log.contains(&format!("max_client_connections={expected_cap}"))

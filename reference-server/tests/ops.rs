@@ -30,23 +30,13 @@ async fn start(env: &[(&str, &str)]) -> Server {
     Server { child, _dir: dir }
 }
 
-/// The child's stderr once it contains `needle` (bounded by [`GUARD`]): the
-/// log is read by a task of its own, a little after the child writes it.
-async fn stderr_with(child: &ChildServer, needle: &str) -> String {
-    let deadline = tokio::time::Instant::now() + GUARD;
-    loop {
-        let log = child.stderr();
-        if log.contains(needle) || tokio::time::Instant::now() >= deadline {
-            return log;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn logs_carry_no_colour_codes_when_stderr_is_not_a_terminal() {
     let server = start(&[]).await;
-    let log = stderr_with(&server.child, "background jobs started").await;
+    let log = server
+        .child
+        .stderr_containing("background jobs started", GUARD)
+        .await;
     assert!(log.contains(" INFO "), "{log}");
     assert!(!log.contains('\u{1b}'), "ANSI escape in {log:?}");
 }

@@ -223,6 +223,20 @@ impl ChildServer {
             .clone()
     }
 
+    /// The child's stderr once it contains `needle`, or as it is when
+    /// `within` runs out (the log is read by a task of its own, a little
+    /// after the child writes it).
+    pub async fn stderr_containing(&self, needle: &str, within: Duration) -> String {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let log = self.stderr();
+            if log.contains(needle) || tokio::time::Instant::now() >= deadline {
+                return log;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Kills the child with SIGKILL (no cleanup, like a crash) and reaps it.
     pub async fn kill(&mut self) -> std::io::Result<()> {
         self.child.kill().await
