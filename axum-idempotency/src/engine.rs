@@ -58,11 +58,11 @@ use crate::decide::{Ask, Decision, Held, Reject, Seen, decide};
 use crate::error::{Error, Result};
 use crate::failpoint::{FAILPOINT_HEADER, Failpoint, Failpoints, Position};
 use crate::key::{Caller, Fence, KeyId};
-use crate::layer::IdemTx;
+use crate::layer::{Finished, IdemTx};
 use crate::multistep::{Driver, Pulse, Start};
 use crate::store::{
-    AbandonedKey, ClaimOutcome, ClaimRequest, FencedWrite, KeyRecord, KeyStore, StoredHeader,
-    StoredRequest, StoredResponse,
+    AbandonedKey, ClaimOutcome, ClaimRequest, FencedWrite, KeyRecord, KeyStore, SingleTx,
+    StoredHeader, StoredRequest, StoredResponse,
 };
 
 /// Most claim races one request may lose before it answers 409.
@@ -493,20 +493,22 @@ impl<K: KeyStore> Engine<K> {
                     match driver {
                         None => {
                             let tx = match open.take() {
-                                Some(tx) => Some(tx),
+                                Some(tx) => SingleTx::Open(tx),
                                 None => self.store.begin_single(&incoming.id).await?,
                             };
-                            let Some(tx) = tx else {
+                            if matches!(tx, SingleTx::Busy) {
                                 busy = true;
                                 continue;
-                            };
+                            }
                             let Some((inner, parts, replay_headers)) = single.take() else {
                                 // It ran once and lost its final write, and
                                 // the winner's record is already replaceable
                                 // again (reaped, or its window over): a
                                 // request never executes twice, so answer a
                                 // retryable 409.
-                                self.store.rollback(tx).await?;
+                                if let SingleTx::Open(tx) = tx {
+                                    self.store.rollback(tx).await?;
+                                }
                                 return Err(self.in_use());
                             };
                             let outcome = self
@@ -620,7 +622,7 @@ impl<K: KeyStore> Engine<K> {
     async fn execute_single<S>(
         &self,
         incoming: &Incoming,
-        tx: K::Tx,
+        tx: SingleTx<K::Tx>,
         claim: &ClaimRequest<'_>,
         mut parts: Parts,
         inner: S,
@@ -631,7 +633,11 @@ impl<K: KeyStore> Engine<K> {
         S::Future: Send,
     {
         tracing::debug!(key = %incoming.id, "claimed; executing");
-        let slot = IdemTx::<K>::new(tx);
+        let slot = match tx {
+            SingleTx::Open(tx) => IdemTx::<K>::new(tx),
+            SingleTx::Deferred => IdemTx::<K>::deferred(self.store.clone()),
+            SingleTx::Busy => return Err(Error::Internal("executing a busy key".into())),
+        };
         parts.extensions.insert(slot.clone());
         self.hit(incoming, Position::After, RecoveryPoint::STARTED)
             .await;
@@ -647,11 +653,12 @@ impl<K: KeyStore> Engine<K> {
             let request = Request::from_parts(parts, Body::from(incoming.request.body.clone()));
             tokio::time::timeout(self.config.lease, call(inner, request)).await
         };
-        let tx = slot.take().await;
-        let (response, mut tx) = match (response, tx) {
-            (Ok(r), Some(tx)) => (r, tx),
-            (Err(_), tx) => {
-                if let Some(tx) = tx {
+        let finished = slot.finish().await;
+        let (response, tx) = match (response, finished) {
+            (Ok(r), Finished::Open(tx)) => (r, Some(tx)),
+            (Ok(r), Finished::Unopened) => (r, None),
+            (Err(_), finished) => {
+                if let Finished::Open(tx) = finished {
                     self.store.rollback(tx).await?;
                 }
                 return Err(Error::Internal(format!(
@@ -659,7 +666,7 @@ impl<K: KeyStore> Engine<K> {
                     self.config.lease.as_secs()
                 )));
             }
-            (Ok(_), None) => {
+            (Ok(_), Finished::Gone) => {
                 return Err(Error::Internal(
                     "the endpoint kept or consumed the idempotency transaction".into(),
                 ));
@@ -669,7 +676,9 @@ impl<K: KeyStore> Engine<K> {
         let body = match axum::body::to_bytes(body, self.config.max_response_bytes).await {
             Ok(b) => b,
             Err(e) => {
-                self.store.rollback(tx).await?;
+                if let Some(tx) = tx {
+                    self.store.rollback(tx).await?;
+                }
                 return Err(Error::Internal(format!(
                     "endpoint response unreadable: {e}"
                 )));
@@ -679,11 +688,19 @@ impl<K: KeyStore> Engine<K> {
         if !self.is_final(status) {
             // Never stored (clause idem.failure.5xx-not-stored): the key is
             // absent again.
-            self.store.rollback(tx).await?;
+            if let Some(tx) = tx {
+                self.store.rollback(tx).await?;
+            }
             tracing::info!(key = %incoming.id, status, "server error: not stored; key released");
             return Ok(Some(Response::from_parts(parts, Body::from(body))));
         }
         let stored = stored_response(status, &parts.headers, replay_headers, &body);
+        // An endpoint that wrote nothing still records its outcome, in a
+        // transaction of its own (on SQLite: the writer, for one statement).
+        let mut tx = match tx {
+            Some(tx) => tx,
+            None => self.store.begin().await?,
+        };
         let now = self.clock.now_ms();
         match self.store.record_final(&mut tx, claim, &stored, now).await {
             Ok(Some(generation)) => {

@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used)]
 
 use axum_idempotency::store::{
-    ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyStore, Store, StoredHeader, StoredRequest,
-    StoredResponse, Unfinished,
+    ClaimOutcome, ClaimRequest, Claimed, DbTx, FencedWrite, KeyStore, SingleTx, Store,
+    StoredHeader, StoredRequest, StoredResponse, Unfinished,
 };
 use axum_idempotency::{
     Caller, Error, Fence, Fingerprint, IdempotencyKey, KeyId, RecoveryPoint, with_pool,
@@ -653,7 +653,7 @@ async fn a_single_phase_claim_that_loses_its_final_write_leaves_no_business_writ
     // Ours runs its endpoint in the claim's transaction, then loses.
     let mut tx = match observed.tx {
         Some(tx) => tx,
-        None => s.begin_single(&kid).await.unwrap().expect("not busy"),
+        None => single_tx(&s, &kid).await,
     };
     axum_idempotency::with_conn!(&mut tx, c => {
         sqlx::query("INSERT INTO business (n) VALUES (1)").execute(&mut *c).await.unwrap();
@@ -676,7 +676,7 @@ async fn a_single_phase_claim_that_loses_its_final_write_leaves_no_business_writ
     );
     // Past the window the same statement replaces the record: a new request.
     let later = claim_request(&kid, &fingerprint, &request, 1_000 + 25 * HOUR);
-    let mut tx = s.begin_single(&kid).await.unwrap().expect("not busy");
+    let mut tx = single_tx(&s, &kid).await;
     assert_eq!(
         s.record_final(&mut tx, &later, &mine, later.now)
             .await
@@ -707,7 +707,7 @@ async fn the_final_write_never_replaces_a_record_in_flight(b: Backend) {
         in_flight_at(&s, key, point, lease).await;
         let kid = id("alice", key);
         let req = claim_request(&kid, &fingerprint, &request, 5_000);
-        let mut tx = s.begin_single(&kid).await.unwrap().expect("not busy");
+        let mut tx = single_tx(&s, &kid).await;
         let wrote = s
             .record_final(&mut tx, &req, &response(), 5_000)
             .await
@@ -743,7 +743,10 @@ async fn postgres_observe_holds_the_key_lock_and_a_duplicate_is_busy() {
         claim(&s, "alice", "k", "fp", 1_000).await,
         ClaimOutcome::Busy
     ));
-    assert!(s.begin_single(&kid).await.unwrap().is_none(), "busy");
+    assert!(
+        matches!(s.begin_single(&kid).await.unwrap(), SingleTx::Busy),
+        "busy"
+    );
     let (fingerprint, request) = (fp("fp"), request());
     let mut tx = tx;
     let req = claim_request(&kid, &fingerprint, &request, 1_000);
@@ -755,9 +758,19 @@ async fn postgres_observe_holds_the_key_lock_and_a_duplicate_is_busy() {
     );
     s.commit(tx).await.unwrap();
     // Complete: read without taking the lock, even while someone holds it.
-    let holder = s.begin_single(&kid).await.unwrap().expect("free again");
+    let holder = single_tx(&s, &kid).await;
     let replay = s.observe(&kid, 2_000).await.unwrap();
     assert!(!replay.busy && replay.tx.is_none());
     assert_eq!(replay.record.unwrap().response, Some(response()));
     s.rollback(holder).await.unwrap();
+}
+
+/// The transaction a single-phase request would run in: opened now where
+/// the store defers it (SQLite opens it at the endpoint's first write).
+async fn single_tx(s: &Store, kid: &KeyId) -> DbTx {
+    match s.begin_single(kid).await.unwrap() {
+        SingleTx::Open(tx) => tx,
+        SingleTx::Deferred => s.begin().await.unwrap(),
+        SingleTx::Busy => panic!("busy"),
+    }
 }

@@ -16,7 +16,7 @@ use sqlx::{PgConnection, SqliteConnection};
 use super::ops::StagedJob;
 use super::{
     AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
-    PgStore, ReapBatch, SqliteStore, SqliteTx, StagedJobs, StoredResponse, TakenOver,
+    PgStore, ReapBatch, SingleTx, SqliteStore, SqliteTx, StagedJobs, StoredResponse, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::{Error, Result};
@@ -312,7 +312,7 @@ impl KeyStore for Store {
         }
     }
 
-    async fn begin_single(&self, id: &KeyId) -> Result<Option<DbTx>> {
+    async fn begin_single(&self, id: &KeyId) -> Result<SingleTx<DbTx>> {
         match self {
             Self::Sqlite(s) => Ok(s.begin_single(id).await?.map(DbTx::Sqlite)),
             Self::Postgres(s) => Ok(s.begin_single(id).await?.map(DbTx::Postgres)),

@@ -295,6 +295,36 @@ pub struct Observed<Tx> {
     pub tx: Option<Tx>,
 }
 
+/// How a single-phase request that claims its key gets the transaction its
+/// endpoint's writes and its final record commit in
+/// ([`KeyStore::begin_single`]).
+#[derive(Debug)]
+pub enum SingleTx<Tx> {
+    /// Open now and holding the key's claim (PostgreSQL: the key's
+    /// transaction-scoped advisory lock, which tells other processes the
+    /// key is in flight).
+    Open(Tx),
+    /// Opened by [`KeyStore::begin`] when the endpoint first calls
+    /// [`IdemTx::lock`](crate::IdemTx::lock), or at the end for the final
+    /// record if it never does (SQLite: `BEGIN IMMEDIATE` takes the one
+    /// writer, so it is taken as late as possible; duplicates in this
+    /// process are answered by the engine's registry meanwhile).
+    Deferred,
+    /// Another transaction holds the key's claim: it is in flight.
+    Busy,
+}
+
+impl<Tx> SingleTx<Tx> {
+    /// The same answer with the transaction wrapped (for [`Store`]).
+    pub fn map<T>(self, wrap: impl FnOnce(Tx) -> T) -> SingleTx<T> {
+        match self {
+            Self::Open(tx) => SingleTx::Open(wrap(tx)),
+            Self::Deferred => SingleTx::Deferred,
+            Self::Busy => SingleTx::Busy,
+        }
+    }
+}
+
 /// What a takeover won.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TakenOver {
@@ -416,11 +446,15 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         now: Millis,
     ) -> impl Future<Output = Result<Observed<Self::Tx>>> + Send;
 
-    /// Opens the transaction a single-phase request runs in when
-    /// [`observe`](KeyStore::observe) gave none, holding the key's claim
-    /// for its whole life (PostgreSQL: the advisory lock; SQLite: the
-    /// writer lock). `None`: another transaction holds the key (busy).
-    fn begin_single(&self, id: &KeyId) -> impl Future<Output = Result<Option<Self::Tx>>> + Send;
+    /// The transaction a single-phase request runs in when
+    /// [`observe`](KeyStore::observe) gave none. PostgreSQL opens it now,
+    /// holding the key's advisory lock for its whole life
+    /// ([`SingleTx::Open`], or [`SingleTx::Busy`] when another transaction
+    /// holds the key). SQLite defers it ([`SingleTx::Deferred`]): its claim
+    /// is the database's one writer, taken when the endpoint first asks for
+    /// its transaction, so time spent before the first write holds nothing
+    /// another key needs.
+    fn begin_single(&self, id: &KeyId) -> impl Future<Output = Result<SingleTx<Self::Tx>>> + Send;
 
     /// Inside `tx`, at the end of a single-phase request: claims the key and
     /// records its final `response` in one statement (`INSERT ... ON

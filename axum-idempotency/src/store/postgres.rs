@@ -22,7 +22,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use super::ops::{self, StagedJob};
 use super::{
     AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
-    ReapBatch, StagedJobs, StoredResponse, TakenOver,
+    ReapBatch, SingleTx, StagedJobs, StoredResponse, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::Result;
@@ -157,7 +157,7 @@ impl KeyStore for PgStore {
         })
     }
 
-    async fn begin_single(&self, id: &KeyId) -> Result<Option<Self::Tx>> {
+    async fn begin_single(&self, id: &KeyId) -> Result<SingleTx<Self::Tx>> {
         let mut tx = self.begin().await?;
         let locked: bool = sqlx::query_scalar(ADVISORY_LOCK_SQL)
             .bind(id.caller().as_str())
@@ -165,10 +165,10 @@ impl KeyStore for PgStore {
             .fetch_one(&mut *tx)
             .await?;
         if locked {
-            Ok(Some(tx))
+            Ok(SingleTx::Open(tx))
         } else {
             self.rollback(tx).await?;
-            Ok(None)
+            Ok(SingleTx::Busy)
         }
     }
 

@@ -44,7 +44,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::ops::{self, StagedJob};
 use super::{
     AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
-    ReapBatch, StagedJobs, StoredResponse, TakenOver,
+    ReapBatch, SingleTx, StagedJobs, StoredResponse, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::{Error, Result};
@@ -224,10 +224,12 @@ impl KeyStore for SqliteStore {
         })
     }
 
-    async fn begin_single(&self, _id: &KeyId) -> Result<Option<SqliteTx>> {
+    async fn begin_single(&self, _id: &KeyId) -> Result<SingleTx<SqliteTx>> {
         // The writer lock is the claim: no other transaction can write this
-        // key (or anything) until this one ends.
-        Ok(Some(self.begin().await?))
+        // key (or anything) while one holds it. So it is taken at the
+        // endpoint's first write, not before the endpoint runs: a handler
+        // that calls another service first holds nothing meanwhile.
+        Ok(SingleTx::Deferred)
     }
 
     async fn record_final(
