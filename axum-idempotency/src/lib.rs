@@ -95,7 +95,27 @@
 //! leases with fencing, and the [completer](jobs) that finishes requests
 //! whose client went away. The [reaper] deletes keys past retention (72 h).
 //!
+//! ## What a request holds while your handler runs
+//!
+//! - **SQLite**: nothing until the handler's first
+//!   [`IdemTx::lock`]; from then until the engine commits, SQLite's one
+//!   writer (every other write of the application waits for it, at most
+//!   the store timeout, then `503`). So lock where you first write, after
+//!   any slow work (a call to another service, a computation).
+//! - **PostgreSQL**: one pooled connection and the key's advisory lock for
+//!   the request's whole life (that lock is what tells other processes the
+//!   key is in flight), so size the pool for the requests you run at once.
+//! - An endpoint whose write must come *before* slow work is a
+//!   [`multistep::MultiStep`]: each phase commits on its own.
+//!
 //! ## Layout
+//!
+//! The engine's modules form a chain, each using only those before it:
+//! [`decide`] (pure) → `request` (reading a request) → `registry` (this
+//! process's in-flight keys) → [`engine`] (the observe / decide / act loop
+//! and the `Route` trait its two routes implement) → `settle` (storing a
+//! final response, releasing a key) → `single` (the
+//! [`IdempotencyLayer`]'s route) and [`multistep`] (phases) → [`layer`].
 //!
 //! - [`layer`]: [`IdempotencyLayer`] and [`IdemTx`];
 //! - [`engine`]: [`Engine`] and its loop; [`decide`]: the pure decision it
@@ -110,6 +130,7 @@
 //! - [`error`]: [`Error`], and how it becomes problem+json.
 
 pub mod clock;
+mod config;
 pub mod decide;
 pub mod engine;
 pub mod error;
@@ -120,7 +141,12 @@ pub mod layer;
 pub mod migrate;
 pub mod multistep;
 pub mod reaper;
+mod registry;
+mod request;
+mod settle;
+mod single;
 pub mod store;
+mod tx;
 
 pub use engine::{Engine, EngineConfig};
 pub use error::{Error, Result, StoreFault};

@@ -95,7 +95,6 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -105,11 +104,16 @@ use idem_spec::{IdempotencyKey, RecoveryPoint};
 use sha2::{Digest, Sha256};
 
 use crate::clock::Millis;
-use crate::engine::{Engine, Incoming, RegistryGuard, injected_error};
+use crate::engine::{Acted, Engine, Route};
 use crate::error::{Error, Result};
 use crate::failpoint::{Failpoints, Position};
 use crate::key::{Caller, Fence, KeyId};
-use crate::store::{AbandonedKey, Claimed, FencedWrite, KeyStore, StoredRequest};
+use crate::registry::RegistryGuard;
+use crate::request::{Incoming, Pulse};
+use crate::settle::injected_error;
+use crate::store::{
+    AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyStore, StoredRequest,
+};
 
 /// Most phases one request may run: a bound against an endpoint whose
 /// phases loop.
@@ -285,29 +289,6 @@ impl<K: KeyStore> Phase<'_, K> {
 /// How often the heartbeat renews a lease: a third of it, so two renewals
 /// can fail (a slow store, a busy writer gate) before the lease runs out.
 pub const HEARTBEAT_FRACTION: u32 = 3;
-
-/// What a request's lease heartbeat reads: whether the key is committed
-/// (before that there is no row to renew: the claim is still inside its
-/// transaction) and whether a `pause` failpoint stalls the request.
-#[derive(Debug, Default)]
-pub(crate) struct Pulse {
-    committed: AtomicBool,
-    stalled: AtomicBool,
-}
-
-impl Pulse {
-    pub(crate) fn committed(&self) {
-        self.committed.store(true, Ordering::Release);
-    }
-
-    pub(crate) fn stall(&self, on: bool) {
-        self.stalled.store(on, Ordering::Release);
-    }
-
-    fn beats(&self) -> bool {
-        self.committed.load(Ordering::Acquire) && !self.stalled.load(Ordering::Acquire)
-    }
-}
 
 /// The lease heartbeat of one multi-step request (clause
 /// `idem.lease.heartbeat`): a task that renews the key's lease every
@@ -565,9 +546,8 @@ impl<K: KeyStore> MultiStepEndpoint<K> {
 
     /// Serves one request: replay, 409, or run/resume its phases.
     pub async fn handle(&self, req: Request<Body>) -> Response<Body> {
-        self.engine
-            .handle_multistep(req, self.driver.as_ref())
-            .await
+        let driver = self.driver.as_ref();
+        self.engine.handle_with(req, |_| Phased(driver)).await
     }
 
     /// Whether a stored request belongs to this endpoint.
@@ -578,9 +558,60 @@ impl<K: KeyStore> MultiStepEndpoint<K> {
     /// Drives an abandoned key to its end without a client. `Ok(None)` when
     /// another worker took it first.
     pub async fn complete(&self, key: &AbandonedKey) -> Result<Option<Response<Body>>> {
-        self.engine
-            .resume_abandoned(key, self.driver.as_ref())
+        let incoming = Incoming::abandoned(key);
+        let guard = self.engine.registry().force_acquire(&incoming);
+        self.driver
+            .run(&self.engine, &incoming, Start::Resume, guard)
             .await
+    }
+}
+
+/// The multi-step route: the engine's act step for a [`MultiStep`]
+/// endpoint.
+struct Phased<'d, K: KeyStore>(&'d dyn Driver<K>);
+
+impl<K: KeyStore> Route<K> for Phased<'_, K> {
+    fn phased(&self) -> bool {
+        true
+    }
+
+    async fn claim<'a>(
+        &'a mut self,
+        engine: &'a Engine<K>,
+        incoming: &'a Incoming,
+        claim: ClaimRequest<'a>,
+        observed: Option<K::Tx>,
+        guard: RegistryGuard,
+    ) -> Result<Acted> {
+        if let Some(tx) = observed {
+            // A plain read leaves nothing open; never run in a stray
+            // transaction.
+            engine.store().rollback(tx).await?;
+        }
+        match engine.store().claim(&claim).await? {
+            ClaimOutcome::Claimed(claimed) => self
+                .0
+                .run(engine, incoming, Start::Fresh(claimed, claim.now), guard)
+                .await?
+                .map(Acted::Answered)
+                .ok_or_else(|| Error::Internal("a fresh claim cannot lose".into())),
+            ClaimOutcome::Busy => Ok(Acted::Busy),
+            ClaimOutcome::Taken => Ok(Acted::LostRace),
+        }
+    }
+
+    async fn resume<'a>(
+        &'a mut self,
+        engine: &'a Engine<K>,
+        incoming: &'a Incoming,
+        guard: RegistryGuard,
+    ) -> Result<Acted> {
+        Ok(
+            match self.0.run(engine, incoming, Start::Resume, guard).await? {
+                Some(response) => Acted::Answered(response),
+                None => Acted::LostRace,
+            },
+        )
     }
 }
 

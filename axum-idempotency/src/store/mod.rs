@@ -56,9 +56,14 @@
 //! 2. **Decide** ([`crate::decide`], pure): a complete record inside its
 //!    window is replayed (or refused, other fingerprint), the transaction
 //!    rolled back; an absent or replaceable key is claimed.
-//! 3. **Run** the endpoint in the transaction that holds the key's claim:
-//!    the advisory lock (PostgreSQL, from step 1, or [`begin_single`]); the
-//!    writer lock, `BEGIN IMMEDIATE` (SQLite, [`begin_single`]).
+//! 3. **Run** the endpoint in the transaction that holds the key's claim.
+//!    PostgreSQL: the transaction from step 1 (or [`begin_single`]), holding
+//!    the key's advisory lock, open for the request's whole life. SQLite:
+//!    [`begin_single`] defers it; the endpoint's first
+//!    [`IdemTx::lock`](crate::IdemTx::lock) opens it (`BEGIN IMMEDIATE`,
+//!    the one writer), so time the endpoint spends before its first write
+//!    holds nothing another key needs; duplicates in this process are
+//!    answered by the engine's registry meanwhile.
 //! 4. **Claim and record** ([`KeyStore::record_final`]): one `INSERT` of the
 //!    complete record `ON CONFLICT (caller, idem_key) DO UPDATE ... WHERE`
 //!    the existing row is replaceable (its window is over, or it is in
@@ -107,8 +112,16 @@
 //!   key write. PostgreSQL: `BEGIN`, the observation, the endpoint's
 //!   statements, the claim-and-record, `COMMIT` (two statements and one
 //!   `BEGIN` more than the endpoint alone). SQLite: one read outside the
-//!   writer, then `BEGIN IMMEDIATE`, the endpoint's statements, the
-//!   claim-and-record, `COMMIT` (one statement more under the writer).
+//!   writer, then, at the endpoint's first write, `BEGIN IMMEDIATE`, the
+//!   endpoint's statements, the claim-and-record, `COMMIT` (one statement
+//!   more under the writer).
+//! - What holds what while the endpoint runs: on SQLite, nothing before
+//!   its first write and the one writer from then until the commit (every
+//!   other first execution of the application waits for it, bounded by the
+//!   store timeout, then `503`); on PostgreSQL, one pooled connection and
+//!   the key's advisory lock for the request's whole life, so the pool's
+//!   size bounds how many requests run at once. An endpoint whose write
+//!   must come before slow work is a [`MultiStep`](crate::multistep::MultiStep).
 //!   A crash anywhere before the commit leaves no trace at all.
 //! - A replay: PostgreSQL `BEGIN`, the observation (no lock taken) and
 //!   `ROLLBACK`, all reads; SQLite one primary-key read. No write.
@@ -123,10 +136,13 @@
 mod either;
 mod ops;
 pub mod postgres;
+#[cfg(test)]
+pub(crate) mod scripted;
 pub mod sqlite;
 
 use std::future::Future;
 
+use axum::http::{HeaderMap, HeaderName, header};
 use idem_spec::{Fingerprint, KeyState, RecoveryPoint};
 use serde::{Deserialize, Serialize};
 
@@ -195,6 +211,28 @@ pub struct StoredResponse {
     pub headers: Vec<StoredHeader>,
     /// The body, byte for byte.
     pub body: Vec<u8>,
+}
+
+/// Picks the headers a replay reproduces: Content-Type, Location, ETag and
+/// the endpoint's declared ones (clause idem.replay.verbatim).
+pub fn stored_response(
+    status: u16,
+    headers: &HeaderMap,
+    declared: &[HeaderName],
+    body: &[u8],
+) -> StoredResponse {
+    let mut kept = Vec::new();
+    let always = [header::CONTENT_TYPE, header::LOCATION, header::ETAG];
+    for name in always.iter().chain(declared) {
+        for value in headers.get_all(name) {
+            kept.push(StoredHeader::new(name.as_str(), value.as_bytes()));
+        }
+    }
+    StoredResponse {
+        status,
+        headers: kept,
+        body: body.to_vec(),
+    }
 }
 
 /// The request a key was claimed with, kept so a completer can finish it
@@ -290,8 +328,8 @@ pub struct Observed<Tx> {
     /// advisory lock, taken by the same statement that read `record`), for
     /// the request to run in if it executes; the caller rolls it back if
     /// it does not. `None` when the store took no lock, and always on
-    /// SQLite, whose claim is the writer lock that
-    /// [`KeyStore::begin_single`] takes.
+    /// SQLite, whose claim is the writer lock, taken at the endpoint's
+    /// first write ([`SingleTx::Deferred`]).
     pub tx: Option<Tx>,
 }
 
@@ -595,6 +633,47 @@ pub trait StagedJobs: KeyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderValue;
+
+    // clause: idem.replay.verbatim
+    #[test]
+    fn a_stored_response_keeps_the_replayed_headers_only_byte_for_byte() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(header::LOCATION, HeaderValue::from_static("/things/1"));
+        headers.append("x-declared", HeaderValue::from_static("a"));
+        headers.append("x-declared", HeaderValue::from_static("b"));
+        headers.insert("x-other", HeaderValue::from_static("dropped"));
+        headers.insert(
+            header::ETAG,
+            HeaderValue::from_bytes(b"\"caf\xe9\"").expect("bytes"),
+        );
+        let declared = [HeaderName::from_static("x-declared")];
+        let stored = stored_response(201, &headers, &declared, b"{}");
+        let names: Vec<&str> = stored.headers.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "content-type",
+                "location",
+                "etag",
+                "x-declared",
+                "x-declared"
+            ]
+        );
+        assert_eq!(
+            stored.headers[2].value_bytes(),
+            b"\"caf\xe9\"",
+            "non-ASCII survives"
+        );
+        assert_eq!(
+            (stored.status, stored.body.as_slice()),
+            (201, b"{}".as_slice())
+        );
+    }
 
     #[test]
     fn header_values_that_are_not_visible_ascii_round_trip_as_hex() {

@@ -8,6 +8,14 @@
 //!   an async semaphore (the store's *writer gate*) instead of in SQLite's
 //!   sleeping busy handler; writers of other processes on the same file
 //!   still wait in the busy handler (`busy_timeout`).
+//! - A single-phase request takes the writer as late as it can: at its
+//!   endpoint's first [`IdemTx::lock`](crate::IdemTx::lock), not before the
+//!   endpoint runs (see [`SingleTx::Deferred`]). Unrelated first executions
+//!   therefore run their slow parts at the same time and queue only for
+//!   their writes. A duplicate in another *process* on the same file is not
+//!   told "in flight" (SQLite has no lock a reader could try): it runs too,
+//!   loses the final write and answers from the winner's record, with its
+//!   writes rolled back. Several processes belong on PostgreSQL.
 //! - The pool should be in WAL mode, so readers (replays, GET endpoints) run
 //!   while one writer commits and a replay never waits for a transfer;
 //!   [`SqliteStore::recommended_options`] gives the settings we test with.

@@ -1,0 +1,167 @@
+//! [`Incoming`]: what the engine knows about a request once it has read it
+//! (caller, key, fingerprint, `Prefer: wait`, armed failpoints), and the
+//! [`Pulse`] its lease heartbeat reads.
+//!
+//! Everything here happens before the claim and touches no store, so a
+//! request refused here does not consume its key (clause
+//! `idem.failure.unclaimed`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, header};
+use idem_spec::headers::{IDEMPOTENCY_KEY, PREFER, prefer_wait_secs};
+use idem_spec::{Fingerprint, IdempotencyKey};
+
+use crate::config::EngineConfig;
+use crate::error::{Error, Result};
+use crate::failpoint::{FAILPOINT_HEADER, Failpoint};
+use crate::key::{Caller, KeyId};
+use crate::store::{AbandonedKey, StoredRequest};
+
+/// What the engine knows about a request once it has read it.
+#[derive(Debug)]
+pub(crate) struct Incoming {
+    pub(crate) id: KeyId,
+    pub(crate) fingerprint: Fingerprint,
+    pub(crate) request: StoredRequest,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) armed: Vec<Failpoint>,
+    /// What the lease heartbeat of this request needs to know.
+    pub(crate) pulse: Arc<Pulse>,
+}
+
+impl Incoming {
+    /// Reads the request on an idempotent endpoint: caller, key, body
+    /// (bounded), fingerprint, `Prefer: wait` and, when `failpoints` is
+    /// on, the failpoints it arms.
+    pub(crate) async fn read(
+        parts: &Parts,
+        body: Body,
+        config: &EngineConfig,
+        failpoints: bool,
+    ) -> Result<Self> {
+        let caller = parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .ok_or(Error::Unauthenticated)?;
+        let key = IdempotencyKey::from_header_values(
+            parts
+                .headers
+                .get_all(IDEMPOTENCY_KEY)
+                .iter()
+                .map(HeaderValue::as_bytes),
+        )
+        .map_err(|e| match e {
+            idem_spec::Error::KeyMissing => Error::KeyMissing,
+            other => Error::KeyInvalid(other),
+        })?;
+        let body = read_body(body, &parts.headers, config.max_body_bytes).await?;
+        let content_type = parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let path = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path().to_owned(), |pq| pq.as_str().to_owned());
+        let method = parts.method.as_str().to_owned();
+        let fingerprint =
+            config
+                .fingerprint
+                .fingerprint(&method, &path, content_type.as_deref(), &body);
+        let wait = prefer_wait_secs(
+            parts
+                .headers
+                .get_all(PREFER)
+                .iter()
+                .filter_map(|v| v.to_str().ok()),
+        )
+        .map(|n| Duration::from_secs(n).min(config.max_wait));
+        // Without the opt-in the header is not even read.
+        let mut armed = Vec::new();
+        if failpoints {
+            for v in parts.headers.get_all(FAILPOINT_HEADER) {
+                let v = v
+                    .to_str()
+                    .map_err(|_| Error::Failpoint("Idem-Failpoint must be ASCII".into()))?;
+                armed.extend(crate::failpoint::parse(v)?);
+            }
+        }
+        Ok(Self {
+            id: KeyId::new(caller, key),
+            fingerprint,
+            request: StoredRequest {
+                method,
+                path,
+                content_type,
+                body,
+            },
+            wait,
+            armed,
+            pulse: Arc::default(),
+        })
+    }
+
+    /// The request stored with an abandoned key, as the completer resumes
+    /// it: no client waiting, no failpoints.
+    pub(crate) fn abandoned(key: &AbandonedKey) -> Self {
+        Self {
+            id: key.id.clone(),
+            fingerprint: key.fingerprint,
+            request: key.request.clone(),
+            wait: None,
+            armed: Vec::new(),
+            pulse: Arc::default(),
+        }
+    }
+}
+
+/// Buffers the request body (it is fingerprinted and stored), refusing
+/// anything over `limit` with 413 before reading it all when the client
+/// declared its length.
+async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(Error::PayloadTooLarge { limit });
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        if e.to_string().contains("length limit") {
+            Error::PayloadTooLarge { limit }
+        } else {
+            Error::MalformedBody(format!("the request body could not be read: {e}"))
+        }
+    })
+}
+
+/// What a request's lease heartbeat reads: whether the key is committed
+/// (before that there is no row to renew: the claim is still inside its
+/// transaction) and whether a `pause` failpoint stalls the request.
+#[derive(Debug, Default)]
+pub(crate) struct Pulse {
+    committed: AtomicBool,
+    stalled: AtomicBool,
+}
+
+impl Pulse {
+    pub(crate) fn committed(&self) {
+        self.committed.store(true, Ordering::Release);
+    }
+
+    pub(crate) fn stall(&self, on: bool) {
+        self.stalled.store(on, Ordering::Release);
+    }
+
+    /// Whether the heartbeat should renew now.
+    pub(crate) fn beats(&self) -> bool {
+        self.committed.load(Ordering::Acquire) && !self.stalled.load(Ordering::Acquire)
+    }
+}

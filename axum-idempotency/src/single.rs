@@ -1,0 +1,251 @@
+//! The single-phase route: the [`IdempotencyLayer`](crate::IdempotencyLayer)'s
+//! endpoint, run once in one transaction that commits its writes with the
+//! key's claim and final record, or rolls all of them back.
+//!
+//! The store decides when that transaction opens
+//! ([`KeyStore::begin_single`]): PostgreSQL's is open from the observation
+//! (it holds the key's advisory lock); SQLite's is opened by the
+//! endpoint's first [`IdemTx::lock`], so time spent before the first write
+//! holds nothing another key needs.
+
+use std::convert::Infallible;
+use std::future::Future;
+
+use axum::body::Body;
+use axum::http::request::Parts;
+use axum::http::{HeaderName, Request, Response};
+use idem_spec::RecoveryPoint;
+use tracing::Instrument;
+
+use crate::engine::{Acted, Engine, Route};
+use crate::error::{Error, Result};
+use crate::failpoint::{Failpoints, Position};
+use crate::registry::RegistryGuard;
+use crate::request::Incoming;
+use crate::settle::{Recorded, injected_error};
+use crate::store::{ClaimRequest, KeyStore, SingleTx, stored_response};
+use crate::tx::{Finished, IdemTx};
+
+/// One request on a single-phase endpoint, not yet executed.
+pub(crate) struct Single<'h, S> {
+    /// The endpoint and the request's head, until it runs: a request runs
+    /// its endpoint at most once, even when it then loses its final write.
+    pending: Option<(S, Parts)>,
+    replay_headers: &'h [HeaderName],
+}
+
+impl<'h, S> Single<'h, S> {
+    pub(crate) fn new(inner: S, parts: Parts, replay_headers: &'h [HeaderName]) -> Self {
+        Self {
+            pending: Some((inner, parts)),
+            replay_headers,
+        }
+    }
+}
+
+impl<K: KeyStore> Engine<K> {
+    /// Serves one request on an idempotent endpoint: replays, rejects, waits
+    /// or executes it through `inner` inside the claim's transaction.
+    pub async fn handle<S>(
+        &self,
+        req: Request<Body>,
+        inner: S,
+        replay_headers: &[HeaderName],
+    ) -> Response<Body>
+    where
+        S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send,
+        S::Future: Send,
+    {
+        self.handle_with(req, |parts| Single::new(inner, parts, replay_headers))
+            .await
+    }
+}
+
+impl<K, S> Route<K> for Single<'_, S>
+where
+    K: KeyStore,
+    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send,
+    S::Future: Send,
+{
+    fn phased(&self) -> bool {
+        false
+    }
+
+    async fn claim<'a>(
+        &'a mut self,
+        engine: &'a Engine<K>,
+        incoming: &'a Incoming,
+        claim: ClaimRequest<'a>,
+        observed: Option<K::Tx>,
+        guard: RegistryGuard,
+    ) -> Result<Acted> {
+        let tx = match observed {
+            Some(tx) => SingleTx::Open(tx),
+            None => engine.store().begin_single(&incoming.id).await?,
+        };
+        if matches!(tx, SingleTx::Busy) {
+            return Ok(Acted::Busy);
+        }
+        let Some((inner, parts)) = self.pending.take() else {
+            // It ran once and lost its final write, and the winner's
+            // record is already replaceable again (reaped, or its
+            // window over): a request never executes twice, so answer a
+            // retryable 409.
+            if let SingleTx::Open(tx) = tx {
+                engine.store().rollback(tx).await?;
+            }
+            return Err(engine.in_use());
+        };
+        let acted = execute(
+            engine,
+            incoming,
+            tx,
+            &claim,
+            parts,
+            inner,
+            self.replay_headers,
+        )
+        .await;
+        drop(guard);
+        acted
+    }
+
+    fn resume<'a>(
+        &'a mut self,
+        _engine: &'a Engine<K>,
+        _incoming: &'a Incoming,
+        _guard: RegistryGuard,
+    ) -> impl Future<Output = Result<Acted>> + Send + 'a {
+        std::future::ready(Err(Error::Internal(
+            "resume on a single-phase route".into(),
+        )))
+    }
+}
+
+/// Runs the endpoint in `tx` (open, or opened by its first
+/// [`IdemTx::lock`]) and settles: a final outcome is claimed and recorded
+/// in one statement and committed with the endpoint's writes; anything
+/// else rolls back with nothing stored.
+///
+/// This is where "a first execution costs one transaction and one key
+/// write" holds. [`Acted::LostRace`]: the final write lost to a record
+/// committed meanwhile; everything was rolled back, and the engine answers
+/// from that record.
+async fn execute<K, S>(
+    engine: &Engine<K>,
+    incoming: &Incoming,
+    tx: SingleTx<K::Tx>,
+    claim: &ClaimRequest<'_>,
+    mut parts: Parts,
+    inner: S,
+    replay_headers: &[HeaderName],
+) -> Result<Acted>
+where
+    K: KeyStore,
+    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send,
+    S::Future: Send,
+{
+    tracing::debug!(key = %incoming.id, "claimed; executing");
+    let slot = match tx {
+        SingleTx::Open(tx) => IdemTx::<K>::new(tx),
+        SingleTx::Deferred => IdemTx::<K>::deferred(engine.store().clone()),
+        SingleTx::Busy => return Ok(Acted::Busy),
+    };
+    parts.extensions.insert(slot.clone());
+    engine
+        .hit(incoming, Position::After, RecoveryPoint::STARTED)
+        .await;
+    // A single-phase request may not hold its key longer than its lease:
+    // past it, the endpoint's future is dropped, its writes are rolled back
+    // and the client gets a retryable 500. (On SQLite this also bounds how
+    // long one request can hold the writer.)
+    let response = if Failpoints::injects_error(&incoming.armed) {
+        // The injected server error stands in for the endpoint and goes
+        // through the same failure policy as a real one.
+        Ok(injected_error(engine.config().profile))
+    } else {
+        let request = Request::from_parts(parts, Body::from(incoming.request.body.clone()));
+        tokio::time::timeout(engine.config().lease, call(inner, request))
+            .instrument(tracing::trace_span!("idem.endpoint"))
+            .await
+    };
+    let (response, tx) = match (response, slot.finish().await) {
+        (Ok(r), Finished::Open(tx)) => (r, Some(tx)),
+        (Ok(r), Finished::Unopened) => (r, None),
+        (Err(_), finished) => {
+            if let Finished::Open(tx) = finished {
+                engine.store().rollback(tx).await?;
+            }
+            return Err(Error::Internal(format!(
+                "the endpoint did not finish within its lease of {} s",
+                engine.config().lease.as_secs()
+            )));
+        }
+        (Ok(_), Finished::Gone) => {
+            return Err(Error::Internal(
+                "the endpoint kept or consumed the idempotency transaction".into(),
+            ));
+        }
+    };
+    let (parts, body) = response.into_parts();
+    let body = match axum::body::to_bytes(body, engine.config().max_response_bytes).await {
+        Ok(b) => b,
+        Err(e) => {
+            if let Some(tx) = tx {
+                engine.store().rollback(tx).await?;
+            }
+            return Err(Error::Internal(format!(
+                "endpoint response unreadable: {e}"
+            )));
+        }
+    };
+    let status = parts.status.as_u16();
+    if !engine.is_final(status) {
+        // Never stored (clause idem.failure.5xx-not-stored): the key is
+        // absent again.
+        if let Some(tx) = tx {
+            engine.store().rollback(tx).await?;
+        }
+        tracing::info!(key = %incoming.id, status, "server error: not stored; key released");
+        return Ok(Acted::Answered(Response::from_parts(
+            parts,
+            Body::from(body),
+        )));
+    }
+    let stored = stored_response(status, &parts.headers, replay_headers, &body);
+    // An endpoint that wrote nothing still records its outcome, in a
+    // transaction of its own (on SQLite: the writer, for one statement).
+    let tx = match tx {
+        Some(tx) => tx,
+        None => {
+            engine
+                .store()
+                .begin()
+                .instrument(tracing::trace_span!("idem.begin"))
+                .await?
+        }
+    };
+    let recorded = engine
+        .record_single(incoming, tx, claim, &stored)
+        .instrument(tracing::trace_span!("idem.record"))
+        .await?;
+    Ok(match recorded {
+        Recorded::Committed => Acted::Answered(Response::from_parts(parts, Body::from(body))),
+        Recorded::Lost => Acted::LostRace,
+    })
+}
+
+async fn call<S>(mut inner: S, req: Request<Body>) -> Response<Body>
+where
+    S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send,
+    S::Future: Send,
+{
+    use tower::ServiceExt;
+    match inner.ready().await {
+        Ok(svc) => match svc.call(req).await {
+            Ok(r) => r,
+            Err(never) => match never {},
+        },
+        Err(never) => match never {},
+    }
+}
