@@ -48,6 +48,11 @@ impl FingerprintPolicy for ContractFingerprint {
     }
 }
 
+/// The default [`EngineConfig::completer_grace`]: long enough for a client
+/// that slept the advertised `Retry-After` (rounded up to whole seconds,
+/// plus a network round trip) to arrive first.
+pub const DEFAULT_COMPLETER_GRACE: Duration = Duration::from_secs(3);
+
 /// Tunables of the engine. [`Default`] gives the published reference policy.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -59,6 +64,15 @@ pub struct EngineConfig {
     pub lease: Duration,
     /// `Retry-After` on 409 `idempotency_key_in_use`.
     pub retry_after_secs: u64,
+    /// How long after an in-flight key's lease ends the background
+    /// completer ([`crate::jobs::run_completer`]) leaves it to the client's
+    /// own retry. A 409 for a key held by a dead process advertises the
+    /// lease's end in `Retry-After`, so a client that honours it arrives
+    /// before the completer and resumes the request itself, instead of
+    /// meeting a 409 again because the completer took the key a moment
+    /// earlier. The completer still finishes keys whose client never comes
+    /// back.
+    pub completer_grace: Duration,
     /// The server's bound on `Prefer: wait=N`.
     pub max_wait: Duration,
     /// While waiting on a key held by *another process*, how often the store
@@ -85,6 +99,7 @@ impl Default for EngineConfig {
             retention: Duration::from_secs(p.retention_secs),
             lease: Duration::from_secs(p.lease_secs),
             retry_after_secs: policy::DEFAULT_IN_USE_RETRY_AFTER_SECS,
+            completer_grace: DEFAULT_COMPLETER_GRACE,
             max_wait: Duration::from_secs(policy::DEFAULT_MAX_WAIT_SECS),
             wait_poll_interval: Duration::from_millis(50),
             max_body_bytes: 64 * 1024,

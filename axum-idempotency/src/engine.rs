@@ -55,7 +55,9 @@ use crate::request::Incoming;
 use crate::store::{ClaimRequest, KeyRecord, KeyStore, StoredResponse};
 
 pub(crate) use crate::config::ms;
-pub use crate::config::{ContractFingerprint, EngineConfig, FingerprintPolicy};
+pub use crate::config::{
+    ContractFingerprint, DEFAULT_COMPLETER_GRACE, EngineConfig, FingerprintPolicy,
+};
 pub use crate::store::stored_response;
 
 /// Most claim races one request may lose before it answers 409.

@@ -48,13 +48,29 @@ pub struct CompleterReport {
     pub unfinished: usize,
 }
 
-/// One completer pass over `endpoints` (all on one engine and store).
+/// One completer pass over `endpoints` (all on one engine and store): every
+/// key whose lease has ended, now (an operator's or a test's explicit pass).
 pub async fn complete_once<K: KeyStore>(
     store: &K,
     clock: &dyn Clock,
     endpoints: &[MultiStepEndpoint<K>],
 ) -> Result<CompleterReport> {
-    let keys = store.abandoned(clock.now_ms(), COMPLETER_BATCH).await?;
+    complete_pass(store, clock, endpoints, Duration::ZERO).await
+}
+
+/// One completer pass over the keys whose lease ended at least `grace`
+/// ago: the background completer's, which leaves a key to its client's own
+/// retry for [`EngineConfig::completer_grace`](crate::EngineConfig::completer_grace).
+pub async fn complete_pass<K: KeyStore>(
+    store: &K,
+    clock: &dyn Clock,
+    endpoints: &[MultiStepEndpoint<K>],
+    grace: Duration,
+) -> Result<CompleterReport> {
+    let cutoff = clock
+        .now_ms()
+        .saturating_sub(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
+    let keys = store.abandoned(cutoff, COMPLETER_BATCH).await?;
     let mut report = CompleterReport {
         found: keys.len(),
         ..CompleterReport::default()
@@ -88,8 +104,9 @@ pub async fn complete_once<K: KeyStore>(
     Ok(report)
 }
 
-/// Runs [`complete_once`] every `interval` (the first pass one interval
-/// after start) until the task is dropped.
+/// Runs [`complete_pass`] every `interval` (the first pass one interval
+/// after start) until the task is dropped, with the engine's
+/// [`completer_grace`](crate::EngineConfig::completer_grace).
 pub async fn run_completer<K: KeyStore>(
     store: K,
     clock: Arc<dyn Clock>,
@@ -101,7 +118,10 @@ pub async fn run_completer<K: KeyStore>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Err(e) = complete_once(&store, clock.as_ref(), &endpoints).await {
+        let grace = endpoints
+            .first()
+            .map_or(Duration::ZERO, |e| e.engine().config().completer_grace);
+        if let Err(e) = complete_pass(&store, clock.as_ref(), &endpoints, grace).await {
             tracing::error!(error = %e, "completer pass failed");
         }
     }
