@@ -1105,6 +1105,18 @@ fn link_checker_catches_broken_links_anchors_and_includes() {
 // ---------------------------------------------------------------------------
 // Error codes: anchors for problem `type` URIs, and the status per profile
 
+/// The id of a heading, given the text after its `#`s: an explicit
+/// `{#id}` at its end, or the id mdBook derives from its text.
+fn heading_id(body: &str) -> String {
+    let body = body.trim();
+    if let Some(open) = body.rfind("{#")
+        && body.ends_with('}')
+    {
+        return body[open + 2..body.len() - 1].trim().to_owned();
+    }
+    normalize_id(&heading_text(body))
+}
+
 /// The text of the section under the heading whose id is `id`, up to the
 /// next heading of the same or a higher level.
 fn section<'a>(page: &'a str, id: &str) -> Option<&'a str> {
@@ -1121,7 +1133,7 @@ fn section<'a>(page: &'a str, id: &str) -> Option<&'a str> {
             {
                 return Some(&page[s..offset]);
             }
-            if start.is_none() && normalize_id(&heading_text(t[hashes..].trim())) == id {
+            if start.is_none() && heading_id(t[hashes..].trim()) == id {
                 start = Some(offset);
                 level = hashes;
             }
@@ -1170,6 +1182,12 @@ fn section_finder_stops_at_the_next_heading() {
     );
     assert_eq!(section(page, "two"), Some("## two\n\nbody 2\n"));
     assert_eq!(section(page, "three"), None);
+    let explicit = "## Key in use (`x_in_use`) {#x_in_use}\n\nbody\n\n## next\n";
+    assert_eq!(
+        section(explicit, "x_in_use"),
+        Some("## Key in use (`x_in_use`) {#x_in_use}\n\nbody\n\n")
+    );
+    assert_eq!(section(explicit, "key-in-use-x_in_use"), None);
 }
 
 // ---------------------------------------------------------------------------
