@@ -410,7 +410,10 @@ fn book_examples() -> Vec<Example> {
         if name.ends_with(".md") && name != "SUMMARY.md" && !order.iter().any(|p| p == name) {
             let text = std::fs::read_to_string(&path).expect("read page");
             let stray = examples_in(name, &text).unwrap_or_else(|e| panic!("{e}"));
-            assert!(stray.is_empty(), "{name} has curl examples but is not in SUMMARY.md");
+            assert!(
+                stray.is_empty(),
+                "{name} has curl examples but is not in SUMMARY.md"
+            );
         }
     }
     out
@@ -512,7 +515,8 @@ fn match_text(shown: &str, actual: &str, ids: &mut Ids) -> Result<(), String> {
 /// (`2026-12-01T10:15:02.417Z`, fraction optional).
 fn is_utc_timestamp(s: &str) -> bool {
     let b = s.as_bytes();
-    let digits = |r: std::ops::Range<usize>| r.clone().all(|i| b.get(i).is_some_and(u8::is_ascii_digit));
+    let digits =
+        |r: std::ops::Range<usize>| r.clone().all(|i| b.get(i).is_some_and(u8::is_ascii_digit));
     let shape = b.len() >= 20
         && digits(0..4)
         && b[4] == b'-'
@@ -556,7 +560,9 @@ fn match_json(path: &str, shown: &Value, actual: &Value, ids: &mut Ids) -> Resul
                         return Err(format!("{p}: expected time strings, shown {sv}, got {av}"));
                     };
                     if !is_utc_timestamp(sv) || !is_utc_timestamp(av) {
-                        return Err(format!("{p}: not an RFC 3339 UTC time: shown {sv:?}, got {av:?}"));
+                        return Err(format!(
+                            "{p}: not an RFC 3339 UTC time: shown {sv:?}, got {av:?}"
+                        ));
                     }
                     continue;
                 }
@@ -669,7 +675,10 @@ fn compare(example: &Example, got: &Answer, ids: &mut Ids) -> Result<(), String>
     if example.curl.include {
         for name in CONTRACT_HEADERS {
             let sent = got.headers.get(name);
-            let is_shown = shown.headers.iter().any(|(n, _)| n.eq_ignore_ascii_case(name));
+            let is_shown = shown
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name));
             if let (Some(v), false) = (sent, is_shown) {
                 return Err(format!(
                     "header {name}: the server sent {v:?}, the book does not show it"
@@ -769,7 +778,8 @@ impl QuickStartServer {
             // only when the port is the reason.
             let mut err = String::new();
             if let Some(mut e) = child.stderr.take() {
-                let _ = tokio::time::timeout(Duration::from_secs(10), e.read_to_string(&mut err)).await;
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(10), e.read_to_string(&mut err)).await;
             }
             let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
             let busy = err.to_ascii_lowercase().contains("address already in use");
@@ -1036,13 +1046,23 @@ fn members_are_left_out_only_with_the_marker() {
         false,
     )
     .expect("parses");
-    let err = match_json("", silent.body.as_ref().expect("body"), &got, &mut Ids::default())
-        .expect_err("an unshown member");
+    let err = match_json(
+        "",
+        silent.body.as_ref().expect("body"),
+        &got,
+        &mut Ids::default(),
+    )
+    .expect_err("an unshown member");
     assert!(err.contains("memo"), "{err}");
     // ...saying so with the marker is not.
     let marked = parse_shown(r#"{"id":"tr_a","amount":100, …}"#, false).expect("parses");
-    match_json("", marked.body.as_ref().expect("body"), &got, &mut Ids::default())
-        .expect("an explicit elision");
+    match_json(
+        "",
+        marked.body.as_ref().expect("body"),
+        &got,
+        &mut Ids::default(),
+    )
+    .expect("an explicit elision");
     // The marker stands for members only, and three dots are not it.
     assert!(parse_shown(r#"{"a":[1, …]}"#, false).is_err());
     assert!(parse_shown(r#"{"a":1, ...}"#, false).is_err());
