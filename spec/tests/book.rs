@@ -487,6 +487,53 @@ fn clause_labels_are_well_formed_and_unique() {
     }
 }
 
+/// Clause texts that name a contract error whose status or code differs
+/// between profiles without saying that the answer is the profile's: "MUST
+/// answer 409 `idempotency_key_mismatch`" is false under `ietf-draft` (422).
+fn profile_blind_clauses(clauses: &[clauses::Clause]) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in clauses {
+        for code in ErrorCode::ALL {
+            let varies = Profile::ALL.iter().any(|p| {
+                code.status(*p) != code.status(Profile::Reference)
+                    || code.wire_code(*p) != code.wire_code(Profile::Reference)
+            });
+            if varies && c.text.contains(code.as_str()) && !c.text.contains("profile") {
+                out.push(format!(
+                    "{}: names `{}`, whose answer differs between profiles, without saying it is the profile's",
+                    c.id,
+                    code.as_str()
+                ));
+            }
+        }
+    }
+    out
+}
+
+// clause: idem.errors.profiles
+#[test]
+fn clauses_speak_in_the_profiles_answers() {
+    let pages = support::read_book(&book_src()).expect("read book");
+    let clauses = clauses::parse_book(&pages).expect("every label parses");
+    let blind = profile_blind_clauses(&clauses);
+    assert!(blind.is_empty(), "{}", blind.join("\n"));
+}
+
+#[test]
+fn profile_checker_flags_a_hard_coded_status() {
+    let page = vec![(
+        "keys.md".to_owned(),
+        "r[idem.fingerprint.mismatch]\nA server MUST answer 409 `idempotency_key_mismatch`.\n\nr[idem.inflight.conflict]\nA server MUST give its profile's `idempotency_key_in_use` answer.\n\nr[idem.failure.unclaimed]\nA server MUST answer 401 `unauthenticated`.\n".to_owned(),
+    )];
+    let clauses = clauses::parse_book(&page).expect("parses");
+    let blind = profile_blind_clauses(&clauses);
+    assert_eq!(blind.len(), 1, "{blind:?}");
+    assert!(
+        blind[0].starts_with("idem.fingerprint.mismatch:"),
+        "{blind:?}"
+    );
+}
+
 /// Lines outside code fences that start with `r[`, as (line number, inner text).
 fn label_lines(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
