@@ -770,8 +770,19 @@ impl QuickStartServer {
                     format!("listening on {BOOK_BASE}"),
                     "the server does not serve where the quick start says"
                 );
-                // Keep draining stdout so the child never blocks on a full pipe.
+                // Keep draining stdout and stderr (its log) so the child
+                // never blocks on a full pipe.
                 tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+                if let Some(mut e) = child.stderr.take() {
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 4096];
+                        while let Ok(n) = e.read(&mut buf).await {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                    });
+                }
                 return QuickStartServer { child, _dir: dir };
             }
             // It exited before listening: say why, and wait for the port
