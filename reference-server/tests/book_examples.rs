@@ -908,6 +908,118 @@ async fn every_curl_example_in_reading_order_gets_the_answer_it_shows() {
     );
 }
 
+/// Every `` `--flag` (N `` the book writes, as (page, flag, N): the book's
+/// way of stating a flag's default in bytes, seconds or a count.
+fn stated_defaults(page: &str, text: &str) -> Vec<(String, String, u64)> {
+    let mut out = Vec::new();
+    let flat = text.replace('\n', " ");
+    for (at, _) in flat.match_indices("`--") {
+        let rest = &flat[at + 1..];
+        let Some(end) = rest.find('`') else { continue };
+        let flag = &rest[..end];
+        let after = &rest[end + 1..];
+        let Some(num) = after.strip_prefix(" (") else {
+            continue;
+        };
+        let digits: String = num.chars().take_while(char::is_ascii_digit).collect();
+        // Only a plain number that ends there: "(86400)", "(10)", "(65536;".
+        if digits.is_empty() || !num[digits.len()..].starts_with([')', ';', ',']) {
+            continue;
+        }
+        out.push((
+            page.to_owned(),
+            flag.to_owned(),
+            digits.parse().unwrap_or(u64::MAX),
+        ));
+    }
+    out
+}
+
+/// Each flag's default as `idem-server --help` prints it.
+fn help_defaults(help: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in help.lines() {
+        let t = line.trim_start();
+        if let Some(rest) = t.strip_prefix("--") {
+            current = Some(format!(
+                "--{}",
+                rest.split([' ', '=']).next().unwrap_or_default()
+            ));
+        } else if t.starts_with('-') {
+            current = None;
+        }
+        if let (Some(flag), Some(at)) = (&current, t.find("[default: ")) {
+            let v = &t[at + "[default: ".len()..];
+            out.insert(flag.clone(), v.trim_end_matches(']').to_owned());
+        }
+    }
+    out
+}
+
+// The defaults the book states for the server's flags are the ones the
+// server has (forking.md once said `--lease-secs` (60) when it was 10).
+#[test]
+fn the_flag_defaults_the_book_states_are_the_servers() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_idem-server"))
+        .arg("--help")
+        .output()
+        .expect("idem-server --help");
+    assert!(help.status.success());
+    let defaults = help_defaults(&String::from_utf8_lossy(&help.stdout));
+    assert!(
+        defaults.contains_key("--lease-secs") && defaults.contains_key("--listen"),
+        "--help not understood: {defaults:?}"
+    );
+    let src = book_src();
+    let mut stated = Vec::new();
+    for page in reading_order(&std::fs::read_to_string(src.join("SUMMARY.md")).expect("summary")) {
+        let text = std::fs::read_to_string(src.join(&page)).expect("page");
+        stated.extend(stated_defaults(&page, &text));
+    }
+    assert!(
+        stated.len() >= 5,
+        "the book states fewer flag defaults than it did: {stated:?}"
+    );
+    let wrong: Vec<String> = stated
+        .iter()
+        .filter(|(_, flag, n)| {
+            defaults.get(flag).map(String::as_str) != Some(n.to_string().as_str())
+        })
+        .map(|(page, flag, n)| {
+            format!(
+                "{page}: {flag} ({n}), but --help says {:?}",
+                defaults.get(flag)
+            )
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn stated_defaults_are_read_from_prose() {
+    let text = "`--lease-secs` (10), `--max-body-bytes` (65536; larger), `--profile` (`reference`),\n`--store-timeout-ms` (2 s by default), `--x`\n(7)";
+    let got: Vec<_> = stated_defaults("p.md", text)
+        .into_iter()
+        .map(|(_, f, n)| (f, n))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("--lease-secs".to_owned(), 10),
+            ("--max-body-bytes".to_owned(), 65536),
+            ("--x".to_owned(), 7)
+        ]
+    );
+    let help = "      --lease-secs <LEASE_SECS>\n          Lease.\n          \n          [default: 10]\n\n      --listen <LISTEN>\n          [default: 127.0.0.1:8080]\n  -h, --help\n";
+    let d = help_defaults(help);
+    assert_eq!(d.get("--lease-secs").map(String::as_str), Some("10"));
+    assert_eq!(
+        d.get("--listen").map(String::as_str),
+        Some("127.0.0.1:8080")
+    );
+}
+
 // A request refused for its size is refused before the claim, so the key is
 // still free: the same key with a body of the right size executes as a first
 // request, not as a replay of the 413 and not as a mismatch.
