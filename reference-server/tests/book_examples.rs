@@ -1,19 +1,30 @@
 //! Every `console` example in the book that runs `curl` is sent, verbatim,
-//! to a live `idem-server` started the way the book says (`cargo run -p
-//! idem-server`: default flags, demo tokens), and the answer is compared
-//! with what the book shows: the status line, each header shown, and each
-//! JSON body member shown. Generated ids (`tr_…`) and times (`created_at`)
-//! are not compared by value, but an id the book repeats must come back
-//! repeated (a replay names the same transfer) and two ids the book shows
-//! as different must differ.
+//! in reading order (the order of `SUMMARY.md`), to ONE live `idem-server`
+//! started exactly as the quick start says: `cargo run -p idem-server`, no
+//! flags, so it listens on `127.0.0.1:8080` with the demo tokens and keeps
+//! its data in `./idem.db` of a fresh working directory. State carries from
+//! one chapter to the next, as it does for a reader who follows the book
+//! with one server: a key the quick start used is still used in the
+//! responses chapter, and balances show every transfer made before them.
 //!
-//! Examples in one chapter build on each other (a replay of a key used a
-//! few paragraphs earlier), so each chapter runs in order against its own
-//! fresh server and database. A block whose response is an illustration
-//! that a single curl cannot produce is written as `text`, not `console`.
+//! What is compared, for each example:
+//! - the status: the status line of a `-i` example; for a `-s` example, a
+//!   2xx, or the `status` member of the problem document it shows;
+//! - the headers shown, by value; and every contract header the server sent
+//!   (`Content-Type`, `Location`, `ETag`, `Retry-After`,
+//!   `Preference-Applied` and the replay marker `Idempotent-Replayed`) must
+//!   be shown, so a missing marker is caught as surely as a wrong one;
+//! - the body, member by member, both ways: a member the server sent and
+//!   the book does not show is a failure, unless the shown object says it
+//!   leaves members out with the explicit marker `…` (a bare ellipsis where
+//!   a member would be). Nothing is elided silently.
 //!
-//! The server is the built binary, spawned as a child process on
-//! `127.0.0.1:0` with a temporary SQLite file.
+//! Generated ids (`tr_…`) and times (`created_at`) are not compared by
+//! value: a time must be an RFC 3339 UTC timestamp, and an id the book
+//! repeats must come back repeated (a replay names the same transfer) while
+//! two ids the book shows as different must differ. A block whose response
+//! is an illustration that a single curl cannot produce is written as
+//! `text`, not `console`.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
@@ -223,8 +234,9 @@ fn parse_shown(text: &str, include: bool) -> Result<Shown, String> {
     let body = if body_text.trim().is_empty() {
         None
     } else {
+        let json = mark_elisions(&body_text)?;
         Some(
-            serde_json::from_str(&body_text)
+            serde_json::from_str(&json)
                 .map_err(|e| format!("shown body is not JSON ({e}): {body_text:?}"))?,
         )
     };
@@ -233,6 +245,47 @@ fn parse_shown(text: &str, include: bool) -> Result<Shown, String> {
         headers,
         body,
     })
+}
+
+/// The explicit elision marker: a bare `…` where an object member would be
+/// says "this object has more members than shown".
+const ELIDED: &str = "…";
+
+/// Turns each bare `…` (outside strings) into the member `"…":null`, so the
+/// shown text parses as JSON and the object remembers it was abridged. A `…`
+/// anywhere else (an array element, a value) then fails to parse, which is
+/// what it should do: only members may be left out.
+fn mark_elisions(text: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut in_string = false;
+    let mut escaped = false;
+    for c in text.chars() {
+        if in_string {
+            out.push(c);
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '…' => out.push_str("\"…\":null"),
+            '.' if out.ends_with("..") => {
+                return Err(format!(
+                    "\"...\" in a shown body: elide members with the marker {ELIDED}"
+                ));
+            }
+            c => out.push(c),
+        }
+    }
+    Ok(out)
 }
 
 /// The `curl` examples of one page, in order. Blocks without a `$ curl`
@@ -314,23 +367,53 @@ fn book_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../book/src")
 }
 
-/// Every page of the book with at least one curl example, by file name.
-fn book_examples() -> BTreeMap<String, Vec<Example>> {
-    let mut out = BTreeMap::new();
-    for entry in std::fs::read_dir(book_src()).expect("read book/src") {
-        let path = entry.expect("dir entry").path();
-        if path.extension().and_then(|e| e.to_str()) != Some("md") {
-            continue;
+/// The book's pages in reading order: every `(page.md)` link of
+/// `SUMMARY.md`, top to bottom.
+fn reading_order(summary: &str) -> Vec<String> {
+    let mut pages = Vec::new();
+    for line in summary.lines() {
+        let mut rest = line;
+        while let Some(at) = rest.find("](") {
+            let after = &rest[at + 2..];
+            let Some(end) = after.find(')') else { break };
+            let target = &after[..end];
+            if target.ends_with(".md") && !pages.iter().any(|p| p == target) {
+                pages.push(target.to_owned());
+            }
+            rest = &after[end..];
         }
-        let page = path
-            .file_name()
-            .expect("file name")
-            .to_string_lossy()
-            .into_owned();
-        let text = std::fs::read_to_string(&path).expect("read page");
-        let examples = examples_in(&page, &text).unwrap_or_else(|e| panic!("{e}"));
-        if !examples.is_empty() {
-            out.insert(page, examples);
+    }
+    pages
+}
+
+/// Every curl example of the book, in reading order, with the page each
+/// comes from. Pages that are not in `SUMMARY.md` are not published, so an
+/// example on one would be an error.
+fn book_examples() -> Vec<Example> {
+    let src = book_src();
+    let summary = std::fs::read_to_string(src.join("SUMMARY.md")).expect("read SUMMARY.md");
+    let order = reading_order(&summary);
+    assert!(order.len() >= 10, "SUMMARY.md lists only {order:?}");
+    let mut out = Vec::new();
+    for page in &order {
+        let text = std::fs::read_to_string(src.join(page))
+            .unwrap_or_else(|e| panic!("read {page} (listed in SUMMARY.md): {e}"));
+        out.extend(examples_in(page, &text).unwrap_or_else(|e| panic!("{e}")));
+    }
+    // A curl example on a page the summary does not list would never be
+    // read, and never run here.
+    for entry in std::fs::read_dir(&src).expect("read book/src") {
+        let path = entry.expect("dir entry").path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        if name.ends_with(".md") && name != "SUMMARY.md" && !order.iter().any(|p| p == name) {
+            let text = std::fs::read_to_string(&path).expect("read page");
+            let stray = examples_in(name, &text).unwrap_or_else(|e| panic!("{e}"));
+            assert!(
+                stray.is_empty(),
+                "{name} has curl examples but is not in SUMMARY.md"
+            );
         }
     }
     out
@@ -428,24 +511,70 @@ fn match_text(shown: &str, actual: &str, ids: &mut Ids) -> Result<(), String> {
     Ok(())
 }
 
-/// Every member the book shows must be in the answer with a matching value;
-/// members it leaves out are not compared. Arrays match element by element
-/// and must have the same length.
+/// Whether `s` is an RFC 3339 UTC timestamp as the server writes them
+/// (`2026-12-01T10:15:02.417Z`, fraction optional).
+fn is_utc_timestamp(s: &str) -> bool {
+    let b = s.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| r.clone().all(|i| b.get(i).is_some_and(u8::is_ascii_digit));
+    let shape = b.len() >= 20
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && b[10] == b'T'
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19);
+    if !shape || !s.ends_with('Z') {
+        return false;
+    }
+    let tail = &s[19..s.len() - 1];
+    tail.is_empty()
+        || tail
+            .strip_prefix('.')
+            .is_some_and(|f| !f.is_empty() && f.bytes().all(|c| c.is_ascii_digit()))
+}
+
+/// Compares a shown body with the answer, both ways: every member shown
+/// must be in the answer with a matching value, and every member of the
+/// answer must be shown, unless the shown object carries the elision
+/// marker. Arrays match element by element and must have the same length.
 fn match_json(path: &str, shown: &Value, actual: &Value, ids: &mut Ids) -> Result<(), String> {
     match (shown, actual) {
         (Value::Object(s), Value::Object(a)) => {
+            let abridged = s.contains_key(ELIDED);
             for (k, sv) in s {
+                if k == ELIDED {
+                    continue;
+                }
                 let p = format!("{path}/{k}");
                 let av = a
                     .get(k)
-                    .ok_or_else(|| format!("{p}: missing in the answer"))?;
+                    .ok_or_else(|| format!("{p}: shown, but missing in the answer"))?;
                 if TIME_MEMBERS.contains(&k.as_str()) {
-                    if !av.is_string() {
-                        return Err(format!("{p}: expected a time string, got {av}"));
+                    let (Some(sv), Some(av)) = (sv.as_str(), av.as_str()) else {
+                        return Err(format!("{p}: expected time strings, shown {sv}, got {av}"));
+                    };
+                    if !is_utc_timestamp(sv) || !is_utc_timestamp(av) {
+                        return Err(format!(
+                            "{p}: not an RFC 3339 UTC time: shown {sv:?}, got {av:?}"
+                        ));
                     }
                     continue;
                 }
                 match_json(&p, sv, av, ids)?;
+            }
+            if !abridged {
+                let unshown: Vec<_> = a.keys().filter(|k| !s.contains_key(*k)).collect();
+                if !unshown.is_empty() {
+                    return Err(format!(
+                        "{path}: the answer has {unshown:?}, which the book neither shows nor elides with {ELIDED}"
+                    ));
+                }
             }
             Ok(())
         }
@@ -473,16 +602,57 @@ struct Answer {
     body: Vec<u8>,
 }
 
+/// Headers of the contract: when the server sends one, a `-i` example must
+/// show it (the replay marker above all: its absence says "first
+/// execution").
+const CONTRACT_HEADERS: [&str; 6] = [
+    "content-type",
+    "location",
+    "etag",
+    "retry-after",
+    "preference-applied",
+    "idempotent-replayed",
+];
+
 fn compare(example: &Example, got: &Answer, ids: &mut Ids) -> Result<(), String> {
     let shown = &example.shown;
-    if let Some(status) = shown.status
-        && status != got.status
-    {
-        return Err(format!(
-            "status: shown {status}, got {} ({})",
-            got.status,
-            String::from_utf8_lossy(&got.body)
-        ));
+    let body_text = || String::from_utf8_lossy(&got.body).into_owned();
+    match shown.status {
+        Some(status) if status != got.status => {
+            return Err(format!(
+                "status: shown {status}, got {} ({})",
+                got.status,
+                body_text()
+            ));
+        }
+        Some(_) => {}
+        // `-s` shows no status line: the body says it, as a problem's
+        // `status`, or the answer must be a success.
+        None => {
+            let problem_status = shown
+                .body
+                .as_ref()
+                .and_then(|b| b.get("status"))
+                .and_then(Value::as_u64);
+            match problem_status {
+                Some(s) if u64::from(got.status) != s => {
+                    return Err(format!(
+                        "status: the shown problem says {s}, got {} ({})",
+                        got.status,
+                        body_text()
+                    ));
+                }
+                Some(_) => {}
+                None if !(200..300).contains(&got.status) => {
+                    return Err(format!(
+                        "status: a -s example shows a success, got {} ({})",
+                        got.status,
+                        body_text()
+                    ));
+                }
+                None => {}
+            }
+        }
     }
     for (name, value) in &shown.headers {
         let actual: Vec<_> = got
@@ -502,14 +672,30 @@ fn compare(example: &Example, got: &Answer, ids: &mut Ids) -> Result<(), String>
             }
         }
     }
-    if let Some(body) = &shown.body {
-        let actual: Value = serde_json::from_slice(&got.body).map_err(|e| {
-            format!(
-                "body: not JSON ({e}): {:?}",
-                String::from_utf8_lossy(&got.body)
-            )
-        })?;
-        match_json("", body, &actual, ids).map_err(|e| format!("body {e}"))?;
+    if example.curl.include {
+        for name in CONTRACT_HEADERS {
+            let sent = got.headers.get(name);
+            let is_shown = shown
+                .headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case(name));
+            if let (Some(v), false) = (sent, is_shown) {
+                return Err(format!(
+                    "header {name}: the server sent {v:?}, the book does not show it"
+                ));
+            }
+        }
+    }
+    match &shown.body {
+        Some(body) => {
+            let actual: Value = serde_json::from_slice(&got.body)
+                .map_err(|e| format!("body: not JSON ({e}): {:?}", body_text()))?;
+            match_json("", body, &actual, ids).map_err(|e| format!("body {e}"))?;
+        }
+        None if !got.body.is_empty() => {
+            return Err(format!("body: the book shows none, got {:?}", body_text()));
+        }
+        None => {}
     }
     Ok(())
 }
@@ -540,6 +726,87 @@ impl Server {
             _child: child,
             _dir: dir,
         }
+    }
+}
+
+/// The server as the quick start runs it: the `idem-server` binary with no
+/// arguments at all, in a fresh working directory (so `./idem.db` is new),
+/// without `IDEM_TOKENS` (which would replace the demo callers). It must
+/// announce exactly the book's address. Killed, and its directory removed,
+/// on drop.
+struct QuickStartServer {
+    child: tokio::process::Child,
+    _dir: TempDir,
+}
+
+/// How long to keep trying while another process holds 127.0.0.1:8080
+/// (another run of this test in a parallel worktree, most likely).
+const PORT_BUSY_PATIENCE: Duration = Duration::from_secs(180);
+
+impl QuickStartServer {
+    async fn start() -> QuickStartServer {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt};
+        let deadline = tokio::time::Instant::now() + PORT_BUSY_PATIENCE;
+        let mut pause = Duration::from_millis(200);
+        loop {
+            let dir = TempDir::new("idem-book-quick-start");
+            let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_idem-server"))
+                .current_dir(dir.path())
+                .env_remove("IDEM_TOKENS")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("run idem-server");
+            let stdout = child.stdout.take().expect("stdout");
+            let mut lines = tokio::io::BufReader::new(stdout).lines();
+            let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+                .await
+                .expect("idem-server printed nothing within 60 s");
+            if let Ok(Some(line)) = first {
+                assert_eq!(
+                    line,
+                    format!("listening on {BOOK_BASE}"),
+                    "the server does not serve where the quick start says"
+                );
+                // Keep draining stdout and stderr (its log) so the child
+                // never blocks on a full pipe.
+                tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+                if let Some(mut e) = child.stderr.take() {
+                    tokio::spawn(async move {
+                        let mut buf = [0u8; 4096];
+                        while let Ok(n) = e.read(&mut buf).await {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                    });
+                }
+                return QuickStartServer { child, _dir: dir };
+            }
+            // It exited before listening: say why, and wait for the port
+            // only when the port is the reason.
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(10), e.read_to_string(&mut err)).await;
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(10), child.wait()).await;
+            let busy = err.to_ascii_lowercase().contains("address already in use");
+            assert!(
+                busy && tokio::time::Instant::now() < deadline,
+                "idem-server, started as the quick start says, did not listen on {BOOK_BASE}: {err}"
+            );
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+        }
+    }
+}
+
+impl Drop for QuickStartServer {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
     }
 }
 
@@ -593,39 +860,163 @@ async fn send(http: &reqwest::Client, base: &str, curl: &Curl) -> Result<Answer,
 // ---------------------------------------------------------------------------
 // The tests
 
-// clause: idem.replay.verbatim, idem.replay.marker, idem.scope.caller, idem.fingerprint.mismatch, idem.key.invalid
+// clause: idem.replay.verbatim, idem.replay.marker, idem.scope.caller, idem.fingerprint.mismatch, idem.key.invalid, idem.failure.unclaimed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_curl_example_in_the_book_gets_the_answer_it_shows() {
-    let chapters = book_examples();
-    let total: usize = chapters.values().map(Vec::len).sum();
-    // The quick start, the key, responses, scope: a floor, so an edit that
-    // turns examples into `text` cannot quietly empty this test.
+async fn every_curl_example_in_reading_order_gets_the_answer_it_shows() {
+    let examples = book_examples();
+    let pages: Vec<&str> = {
+        let mut p: Vec<&str> = examples
+            .iter()
+            .map(|e| e.at.split(':').next().unwrap_or_default())
+            .collect();
+        p.dedup();
+        p
+    };
+    // A floor, so an edit that turns examples into `text` cannot quietly
+    // empty this test.
     assert!(
-        chapters.len() >= 4 && total >= 10,
-        "only {total} curl examples in {} pages: {:?}",
-        chapters.len(),
-        chapters.keys().collect::<Vec<_>>()
+        pages.len() >= 5 && examples.len() >= 15,
+        "only {} curl examples in {pages:?}",
+        examples.len()
     );
+    let server = QuickStartServer::start().await;
     let http = client();
+    let mut ids = Ids::default();
     let mut failures = Vec::new();
-    for (page, examples) in &chapters {
-        let server = Server::start(page, &[]).await;
-        let mut ids = Ids::default();
-        for ex in examples {
-            let result = match send(&http, &server.base, &ex.curl).await {
-                Ok(answer) => compare(ex, &answer, &mut ids),
-                Err(e) => Err(e),
-            };
-            if let Err(e) = result {
-                failures.push(format!("{}: {e}", ex.at));
-            }
+    for ex in &examples {
+        let result = match send(&http, BOOK_BASE, &ex.curl).await {
+            Ok(answer) => compare(ex, &answer, &mut ids),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = result {
+            failures.push(format!("{}: {e}", ex.at));
         }
     }
+    drop(server);
+    eprintln!(
+        "{} curl examples on {} pages, in reading order, against one server: {} differ",
+        examples.len(),
+        pages.len(),
+        failures.len()
+    );
     assert!(
         failures.is_empty(),
-        "{} of {total} book examples do not match the server:\n{}",
+        "{} of {} book examples do not match the server:\n{}",
         failures.len(),
+        examples.len(),
         failures.join("\n")
+    );
+}
+
+/// Every `` `--flag` (N `` the book writes, as (page, flag, N): the book's
+/// way of stating a flag's default in bytes, seconds or a count.
+fn stated_defaults(page: &str, text: &str) -> Vec<(String, String, u64)> {
+    let mut out = Vec::new();
+    let flat = text.replace('\n', " ");
+    for (at, _) in flat.match_indices("`--") {
+        let rest = &flat[at + 1..];
+        let Some(end) = rest.find('`') else { continue };
+        let flag = &rest[..end];
+        let after = &rest[end + 1..];
+        let Some(num) = after.strip_prefix(" (") else {
+            continue;
+        };
+        let digits: String = num.chars().take_while(char::is_ascii_digit).collect();
+        // Only a plain number that ends there: "(86400)", "(10)", "(65536;".
+        if digits.is_empty() || !num[digits.len()..].starts_with([')', ';', ',']) {
+            continue;
+        }
+        out.push((
+            page.to_owned(),
+            flag.to_owned(),
+            digits.parse().unwrap_or(u64::MAX),
+        ));
+    }
+    out
+}
+
+/// Each flag's default as `idem-server --help` prints it.
+fn help_defaults(help: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in help.lines() {
+        let t = line.trim_start();
+        if let Some(rest) = t.strip_prefix("--") {
+            current = Some(format!(
+                "--{}",
+                rest.split([' ', '=']).next().unwrap_or_default()
+            ));
+        } else if t.starts_with('-') {
+            current = None;
+        }
+        if let (Some(flag), Some(at)) = (&current, t.find("[default: ")) {
+            let v = &t[at + "[default: ".len()..];
+            out.insert(flag.clone(), v.trim_end_matches(']').to_owned());
+        }
+    }
+    out
+}
+
+// The defaults the book states for the server's flags are the ones the
+// server has (forking.md once said `--lease-secs` (60) when it was 10).
+#[test]
+fn the_flag_defaults_the_book_states_are_the_servers() {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_idem-server"))
+        .arg("--help")
+        .output()
+        .expect("idem-server --help");
+    assert!(help.status.success());
+    let defaults = help_defaults(&String::from_utf8_lossy(&help.stdout));
+    assert!(
+        defaults.contains_key("--lease-secs") && defaults.contains_key("--listen"),
+        "--help not understood: {defaults:?}"
+    );
+    let src = book_src();
+    let mut stated = Vec::new();
+    for page in reading_order(&std::fs::read_to_string(src.join("SUMMARY.md")).expect("summary")) {
+        let text = std::fs::read_to_string(src.join(&page)).expect("page");
+        stated.extend(stated_defaults(&page, &text));
+    }
+    assert!(
+        stated.len() >= 5,
+        "the book states fewer flag defaults than it did: {stated:?}"
+    );
+    let wrong: Vec<String> = stated
+        .iter()
+        .filter(|(_, flag, n)| {
+            defaults.get(flag).map(String::as_str) != Some(n.to_string().as_str())
+        })
+        .map(|(page, flag, n)| {
+            format!(
+                "{page}: {flag} ({n}), but --help says {:?}",
+                defaults.get(flag)
+            )
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn stated_defaults_are_read_from_prose() {
+    let text = "`--lease-secs` (10), `--max-body-bytes` (65536; larger), `--profile` (`reference`),\n`--store-timeout-ms` (2 s by default), `--x`\n(7)";
+    let got: Vec<_> = stated_defaults("p.md", text)
+        .into_iter()
+        .map(|(_, f, n)| (f, n))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("--lease-secs".to_owned(), 10),
+            ("--max-body-bytes".to_owned(), 65536),
+            ("--x".to_owned(), 7)
+        ]
+    );
+    let help = "      --lease-secs <LEASE_SECS>\n          Lease.\n          \n          [default: 10]\n\n      --listen <LISTEN>\n          [default: 127.0.0.1:8080]\n  -h, --help\n";
+    let d = help_defaults(help);
+    assert_eq!(d.get("--lease-secs").map(String::as_str), Some("10"));
+    assert_eq!(
+        d.get("--listen").map(String::as_str),
+        Some("127.0.0.1:8080")
     );
 }
 
@@ -749,12 +1140,14 @@ fn ids_are_bound_not_compared_but_must_stay_consistent() {
     assert!(match_text("/v1/transfers/tr_1", "/v1/payments/tr_1", &mut ids).is_err());
     assert!(match_text("acc_alice_main", "acc_bob_main", &mut ids).is_err());
     let shown = serde_json::json!({"id":"tr_Z","amount":100,"created_at":"2026-01-01T00:00:00Z"});
-    let got = serde_json::json!({"id":"tr_q","amount":100,"created_at":"x","memo":null});
+    let got = serde_json::json!({"id":"tr_q","amount":100,"created_at":"2026-12-02T05:00:00.123Z"});
     match_json("", &shown, &got, &mut Ids::default()).expect("shown members match");
-    let wrong = serde_json::json!({"id":"tr_q","amount":101,"created_at":"x"});
+    let wrong = serde_json::json!({"id":"tr_q","amount":101,"created_at":"2026-12-02T05:00:00Z"});
     assert!(match_json("", &shown, &wrong, &mut Ids::default()).is_err());
-    let missing = serde_json::json!({"id":"tr_q","created_at":"x"});
+    let missing = serde_json::json!({"id":"tr_q","created_at":"2026-12-02T05:00:00Z"});
     assert!(match_json("", &shown, &missing, &mut Ids::default()).is_err());
+    let not_a_time = serde_json::json!({"id":"tr_q","amount":100,"created_at":"yesterday"});
+    assert!(match_json("", &shown, &not_a_time, &mut Ids::default()).is_err());
     let short = serde_json::json!({"a":[1,2]});
     assert!(
         match_json(
@@ -764,5 +1157,103 @@ fn ids_are_bound_not_compared_but_must_stay_consistent() {
             &mut Ids::default()
         )
         .is_err()
+    );
+}
+
+#[test]
+fn members_are_left_out_only_with_the_marker() {
+    let got = serde_json::json!({"id":"tr_q","amount":100,"memo":null,"created_at":"2026-12-02T05:00:00Z"});
+    // Silently leaving `memo` out is a failure...
+    let silent = parse_shown(
+        r#"{"id":"tr_a","amount":100,"created_at":"2026-12-01T10:15:02.417Z"}"#,
+        false,
+    )
+    .expect("parses");
+    let err = match_json(
+        "",
+        silent.body.as_ref().expect("body"),
+        &got,
+        &mut Ids::default(),
+    )
+    .expect_err("an unshown member");
+    assert!(err.contains("memo"), "{err}");
+    // ...saying so with the marker is not.
+    let marked = parse_shown(r#"{"id":"tr_a","amount":100, …}"#, false).expect("parses");
+    match_json(
+        "",
+        marked.body.as_ref().expect("body"),
+        &got,
+        &mut Ids::default(),
+    )
+    .expect("an explicit elision");
+    // The marker stands for members only, and three dots are not it.
+    assert!(parse_shown(r#"{"a":[1, …]}"#, false).is_err());
+    assert!(parse_shown(r#"{"a":1, ...}"#, false).is_err());
+    // An ellipsis inside a string is text.
+    let text = parse_shown(r#"{"detail":"wait…"}"#, false).expect("parses");
+    assert_eq!(text.body, Some(serde_json::json!({"detail":"wait…"})));
+    assert!(is_utc_timestamp("2026-12-01T10:15:02.417Z"));
+    assert!(is_utc_timestamp("2026-12-01T10:15:02Z"));
+    assert!(!is_utc_timestamp("2026-12-01 10:15:02Z"));
+    assert!(!is_utc_timestamp("2026-12-01T10:15:02.Z"));
+    assert!(!is_utc_timestamp("2026-12-01T10:15:02+01:00"));
+}
+
+#[test]
+fn the_marker_and_the_status_are_compared_both_ways() {
+    let example = |text: &str| {
+        examples_in("p.md", text)
+            .expect("parses")
+            .pop()
+            .expect("one example")
+    };
+    let answer = |status: u16, headers: &[(&'static str, &'static str)], body: &str| {
+        let mut map = reqwest::header::HeaderMap::new();
+        for (n, v) in headers {
+            map.insert(*n, reqwest::header::HeaderValue::from_static(v));
+        }
+        Answer {
+            status,
+            headers: map,
+            body: body.as_bytes().to_vec(),
+        }
+    };
+    let first = example(
+        "```console\n$ curl -i http://127.0.0.1:8080/v1/x -d '{}'\n\nHTTP/1.1 201 Created\nContent-Type: application/json\n\n{\"a\":1}\n```\n",
+    );
+    let plain = answer(201, &[("content-type", "application/json")], r#"{"a":1}"#);
+    compare(&first, &plain, &mut Ids::default()).expect("as shown");
+    // The book shows a first execution; the server says it replayed.
+    let replayed = answer(
+        201,
+        &[
+            ("content-type", "application/json"),
+            ("idempotent-replayed", "true"),
+        ],
+        r#"{"a":1}"#,
+    );
+    let err = compare(&first, &replayed, &mut Ids::default()).expect_err("marker not shown");
+    assert!(err.contains("idempotent-replayed"), "{err}");
+    let conflict = answer(409, &[("content-type", "application/json")], r#"{"a":1}"#);
+    assert!(compare(&first, &conflict, &mut Ids::default()).is_err());
+    // A -s example: a success, or the status its problem shows.
+    let quiet = example("```console\n$ curl -s http://127.0.0.1:8080/v1/x\n{\"a\":1}\n```\n");
+    compare(&quiet, &plain, &mut Ids::default()).expect("a success");
+    assert!(compare(&quiet, &conflict, &mut Ids::default()).is_err());
+    let problem = example(
+        "```console\n$ curl -s http://127.0.0.1:8080/v1/x\n{\"status\":409,\"code\":\"c\"}\n```\n",
+    );
+    let got_problem = answer(409, &[], r#"{"status":409,"code":"c"}"#);
+    compare(&problem, &got_problem, &mut Ids::default()).expect("the problem's status");
+    let got_other = answer(400, &[], r#"{"status":409,"code":"c"}"#);
+    assert!(compare(&problem, &got_other, &mut Ids::default()).is_err());
+}
+
+#[test]
+fn reading_order_follows_the_summary() {
+    let summary = "# Summary\n\n[Intro](introduction.md)\n\n- [Quick](quick-start.md)\n- [Key](keys.md)\n  - [Sub](a/b.md)\n- [Again](keys.md)\n";
+    assert_eq!(
+        reading_order(summary),
+        ["introduction.md", "quick-start.md", "keys.md", "a/b.md"]
     );
 }

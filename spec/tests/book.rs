@@ -487,6 +487,53 @@ fn clause_labels_are_well_formed_and_unique() {
     }
 }
 
+/// Clause texts that name a contract error whose status or code differs
+/// between profiles without saying that the answer is the profile's: "MUST
+/// answer 409 `idempotency_key_mismatch`" is false under `ietf-draft` (422).
+fn profile_blind_clauses(clauses: &[clauses::Clause]) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in clauses {
+        for code in ErrorCode::ALL {
+            let varies = Profile::ALL.iter().any(|p| {
+                code.status(*p) != code.status(Profile::Reference)
+                    || code.wire_code(*p) != code.wire_code(Profile::Reference)
+            });
+            if varies && c.text.contains(code.as_str()) && !c.text.contains("profile") {
+                out.push(format!(
+                    "{}: names `{}`, whose answer differs between profiles, without saying it is the profile's",
+                    c.id,
+                    code.as_str()
+                ));
+            }
+        }
+    }
+    out
+}
+
+// clause: idem.errors.profiles
+#[test]
+fn clauses_speak_in_the_profiles_answers() {
+    let pages = support::read_book(&book_src()).expect("read book");
+    let clauses = clauses::parse_book(&pages).expect("every label parses");
+    let blind = profile_blind_clauses(&clauses);
+    assert!(blind.is_empty(), "{}", blind.join("\n"));
+}
+
+#[test]
+fn profile_checker_flags_a_hard_coded_status() {
+    let page = vec![(
+        "keys.md".to_owned(),
+        "r[idem.fingerprint.mismatch]\nA server MUST answer 409 `idempotency_key_mismatch`.\n\nr[idem.inflight.conflict]\nA server MUST give its profile's `idempotency_key_in_use` answer.\n\nr[idem.failure.unclaimed]\nA server MUST answer 401 `unauthenticated`.\n".to_owned(),
+    )];
+    let clauses = clauses::parse_book(&page).expect("parses");
+    let blind = profile_blind_clauses(&clauses);
+    assert_eq!(blind.len(), 1, "{blind:?}");
+    assert!(
+        blind[0].split(':').next() == Some("idem.fingerprint.mismatch"),
+        "{blind:?}"
+    );
+}
+
 /// Lines outside code fences that start with `r[`, as (line number, inner text).
 fn label_lines(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
@@ -1105,6 +1152,18 @@ fn link_checker_catches_broken_links_anchors_and_includes() {
 // ---------------------------------------------------------------------------
 // Error codes: anchors for problem `type` URIs, and the status per profile
 
+/// The id of a heading, given the text after its `#`s: an explicit
+/// `{#id}` at its end, or the id mdBook derives from its text.
+fn heading_id(body: &str) -> String {
+    let body = body.trim();
+    if let Some(open) = body.rfind("{#")
+        && body.ends_with('}')
+    {
+        return body[open + 2..body.len() - 1].trim().to_owned();
+    }
+    normalize_id(&heading_text(body))
+}
+
 /// The text of the section under the heading whose id is `id`, up to the
 /// next heading of the same or a higher level.
 fn section<'a>(page: &'a str, id: &str) -> Option<&'a str> {
@@ -1121,7 +1180,7 @@ fn section<'a>(page: &'a str, id: &str) -> Option<&'a str> {
             {
                 return Some(&page[s..offset]);
             }
-            if start.is_none() && normalize_id(&heading_text(t[hashes..].trim())) == id {
+            if start.is_none() && heading_id(t[hashes..].trim()) == id {
                 start = Some(offset);
                 level = hashes;
             }
@@ -1170,6 +1229,12 @@ fn section_finder_stops_at_the_next_heading() {
     );
     assert_eq!(section(page, "two"), Some("## two\n\nbody 2\n"));
     assert_eq!(section(page, "three"), None);
+    let explicit = "## Key in use (`x_in_use`) {#x_in_use}\n\nbody\n\n## next\n";
+    assert_eq!(
+        section(explicit, "x_in_use"),
+        Some("## Key in use (`x_in_use`) {#x_in_use}\n\nbody\n\n")
+    );
+    assert_eq!(section(explicit, "key-in-use-x_in_use"), None);
 }
 
 // ---------------------------------------------------------------------------

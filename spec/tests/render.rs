@@ -106,7 +106,7 @@ fn idem_tests_lists_the_tests_outside_the_kit() {
     let line = support::render_page("| x | {{#idem-tests idem.lease.heartbeat}} |\n", &citations);
     assert_eq!(
         line,
-        "| x | `renews_the_lease` (reference-server/tests/m.rs) |\n"
+        "| x | `renews_the_lease` (`reference-server/tests/m.rs`) |\n"
     );
     let empty = support::render_page("{{#idem-tests idem.store.fail-closed}}\n", &[]);
     assert_eq!(empty, "no test cites it\n");

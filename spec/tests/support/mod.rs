@@ -243,7 +243,7 @@ fn expand_tests(line: &str, citations: &[Citation]) -> String {
             .filter(|c| !c.location.starts_with("conformance/"))
             .map(|c| {
                 let file = c.location.rsplit_once(':').map_or("", |(f, _)| f);
-                format!("`{}` ({file})", c.item)
+                format!("`{}` (`{file}`)", c.item)
             })
             .collect();
         out.push_str(&if tests.is_empty() {
@@ -266,10 +266,12 @@ fn clause_index(citations: &[Citation]) -> String {
             .iter()
             .map(|x| {
                 let file = x.location.rsplit_once(':').map_or("", |(f, _)| f);
+                // The file as code too: a path has no spaces, and as code
+                // it may break anywhere, so the table fits a laptop screen.
                 if x.item.is_empty() {
                     format!("`{}`", x.location)
                 } else {
-                    format!("`{}` ({file})", x.item)
+                    format!("`{}` (`{file}`)", x.item)
                 }
             })
             .collect();
