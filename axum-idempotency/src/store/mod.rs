@@ -580,14 +580,20 @@ type HookFuture<'c> =
 /// error), sqlx's count of open transactions on that connection stays
 /// above zero, and every later `BEGIN` on it fails with "attempted to call
 /// begin_with at non-zero transaction depth" until the process restarts.
-/// The ping first lets the rollback a dropped transaction queued run (on
-/// SQLite it runs on the connection's worker, in order), so a connection
-/// that is only waiting for its rollback is kept.
+/// A connection that reports a transaction is pinged first, which lets the
+/// rollback a dropped transaction queued run (on SQLite it runs on the
+/// connection's worker, in order), so a connection that was only waiting
+/// for its rollback is kept; one that reports none is kept at once.
 pub(crate) fn retire_if_in_transaction<C: sqlx::Connection>(
     conn: &mut C,
     _meta: sqlx::pool::PoolConnectionMetadata,
 ) -> HookFuture<'_> {
     Box::pin(async move {
+        // The common case costs nothing: a connection handed back outside
+        // any transaction is kept without a round trip.
+        if !conn.is_in_transaction() {
+            return Ok(true);
+        }
         conn.ping().await?;
         if conn.is_in_transaction() {
             tracing::warn!(
