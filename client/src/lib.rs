@@ -15,6 +15,8 @@
 //! - [`clock`]: injectable time ([`Clock`], [`ManualClock`]).
 //! - [`decisions`]: the decision table the book prints, built from the policy itself.
 //! - [`middleware`]: [`RetryMiddleware`], the mechanism, for `reqwest_middleware`.
+//! - [`telemetry`]: what the client counts through the `metrics` facade.
+//! - [`tower`]: the same policy as a `tower::retry::Policy`, for tower and hyper users.
 //! - [`rng`]: the tiny specified generator that makes schedules reproducible in any language.
 //! - [`vectors`]: the golden delay schedules published in `client/vectors/backoff.json`.
 //! - `sim` (feature `sim`, off by default): the fleet simulator behind the `idem-sim` binary and
@@ -69,6 +71,8 @@ pub mod policy;
 pub mod rng;
 #[cfg(feature = "sim")]
 pub mod sim;
+pub mod telemetry;
+pub mod tower;
 pub mod vectors;
 
 pub use backoff::{Backoff, Jitter};
@@ -82,8 +86,10 @@ pub use error::{AttemptError, Error};
 pub use idem_spec::IdempotencyKey;
 pub use key::{derive_key, mint_key};
 pub use middleware::{
-    AttemptInfo, Budgets, Deadline, HookVerdict, RetryEvent, RetryMiddleware, RetryReport,
+    ATTEMPT_COUNT_HEADER, AttemptInfo, Budgets, Deadline, HookVerdict, RetryEvent, RetryMiddleware,
+    RetryReport,
 };
 pub use policy::{
-    Decision, Outcome, RequestFacts, RetryPlan, RetryPolicy, RetryReason, RetryState, StopReason,
+    AddedRetry, Decision, Outcome, RequestFacts, RetryPlan, RetryPolicy, RetryReason, RetryState,
+    StopReason,
 };
