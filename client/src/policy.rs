@@ -418,7 +418,8 @@ pub const DEFAULT_MAX_SENDS: u32 = 10;
 pub struct RetryPolicy {
     /// Attempts per logical operation, the first included, that the server may have executed
     /// (clause `idem.client.max-attempts`). A refused connection and a `409` in flight do not
-    /// count (see the module docs); [`RetryPolicy::max_sends`] bounds those.
+    /// count (see the module docs); [`RetryPolicy::max_sends`] bounds those. A cap of 1 turns
+    /// every retry off, those included.
     pub max_attempts: u32,
     /// Requests sent per logical operation, every kind of attempt included: the ceiling that
     /// holds even when a host refuses connections for the whole deadline with no budget set.
@@ -677,7 +678,8 @@ impl RetryPolicy {
             Ok(r) => r,
             Err(stop) => return Decision::Stop(stop),
         };
-        if reason.counts_as_attempt() {
+        // A cap of 1 means "no retries" to anyone who sets it: nothing is free then.
+        if reason.counts_as_attempt() || self.max_attempts <= 1 {
             state.counted += 1;
             if state.counted >= self.max_attempts {
                 return Decision::Stop(StopReason::AttemptsExhausted {
