@@ -50,7 +50,11 @@
 //! which a cap cannot, so there is one bucket per origin, refunded the way the AWS SDKs' standard
 //! mode refunds it (see [`budget`]). A single deadline spans the call, because a per-attempt
 //! timeout that restarts on every retry lets a "5 s timeout" take 20 s; each attempt still gets
-//! at most `attempt_timeout` (10 s) of it, so one hung attempt leaves room for another.
+//! at most `attempt_timeout` (10 s) of it to see the response's head, so one hung attempt leaves
+//! room for another (the body is the caller's to read, and is not cut). The cap counts attempts
+//! the server may have executed: a refused connection (a restart) and a `409` in flight (a
+//! crashed holder's lease) pay the budget instead, so a default client rides out a server crash
+//! within its deadline (see [`policy`]).
 //!
 //! ## How it compares
 //!

@@ -65,8 +65,8 @@ use crate::telemetry;
 use tracing::Instrument;
 
 /// The request header [`RetryMiddleware::with_attempt_header`] sends: this attempt's number,
-/// 1-based (`Attempt-Count: 2` on the first retry). Off by default; a server MAY log it and
-/// MUST NOT treat it as anything but a hint (see the book's "Seeing retries").
+/// 1-based (`Attempt-Count: 2` on the first retry). Off by default; a server may log it, and
+/// should treat it as a hint only (see the book's "Seeing retries").
 pub const ATTEMPT_COUNT_HEADER: &str = "attempt-count";
 
 /// Overrides the policy's deadline for one operation: put it in the request's extensions with

@@ -4,11 +4,16 @@
 //! `Service<http::Request<B>>` whose body can be cloned.
 //!
 //! ```
-//! //! use idem_client::tower::IdemRetryLayer;
+//! use std::time::Duration;
+//! use idem_client::tower::IdemRetryLayer;
 //! use tower::{ServiceBuilder, ServiceExt};
 //!
-//! # async fn run() -> Result<(), tower::BoxError> {
-//! let svc = tower::service_fn(|_req: http::Request<String>| async {
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower::BoxError> {
+//! // Any `Service<http::Request<B>>` with a clonable body: a hyper client, or this stand-in.
+//! let svc = tower::service_fn(|req: http::Request<String>| async move {
+//!     // The layer gave the POST a key, which every attempt carries.
+//!     assert!(req.headers().contains_key("idempotency-key"));
 //!     Ok::<_, tower::BoxError>(http::Response::new(String::new()))
 //! });
 //! let client = ServiceBuilder::new()
@@ -19,7 +24,8 @@
 //! let resp = client
 //!     .oneshot(http::Request::post("http://127.0.0.1:8080/orders").body("{}".to_owned())?)
 //!     .await?;
-//! # let _ = resp; Ok(()) }
+//! assert_eq!(resp.status(), 200);
+//! # Ok(()) }
 //! ```
 //!
 //! What differs from [`RetryMiddleware`](crate::RetryMiddleware), because a tower policy sees
