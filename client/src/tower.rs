@@ -116,6 +116,8 @@ struct Operation {
     state: RetryState,
     facts: RequestFacts,
     budget: Option<RetryBudget>,
+    /// The budget gauge's `bucket` label: the origin, or `shared`.
+    bucket: String,
 }
 
 type Classifier<E> = Arc<dyn Fn(&E) -> Outcome + Send + Sync>;
@@ -245,6 +247,10 @@ impl<E> IdemRetryPolicy<E> {
                     req.headers().contains_key(IDEMPOTENCY_KEY),
                 ),
                 budget: budgets.for_origin(&origin),
+                bucket: match budgets {
+                    Budgets::PerOrigin(_) => origin,
+                    Budgets::Shared(_) | Budgets::None => "shared".to_owned(),
+                },
             }
         })
     }
@@ -293,6 +299,9 @@ where
             elapsed,
             op.budget.as_ref(),
         );
+        if let Some(b) = &op.budget {
+            telemetry::budget_level(&op.bucket, b.available());
+        }
         match decision {
             Decision::Done => {
                 telemetry::done();
