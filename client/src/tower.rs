@@ -1,5 +1,5 @@
 //! The same retry policy for tower and hyper users: [`IdemRetryPolicy`] is a
-//! [`tower::retry::Policy`](::tower::retry::Policy) whose every "whether" and "how long" is
+//! [`tower::retry::Policy`] whose every "whether" and "how long" is
 //! [`RetryPolicy::decide`]'s, and [`IdemRetryLayer`] adds it (with automatic keys) to any
 //! `Service<http::Request<B>>` whose body can be cloned.
 //!

@@ -18,7 +18,7 @@
 //! A second failure mode, [`Failure::Refused`], is a server restarting: while it is down every
 //! connection is refused (the refusal comes back after one hop). A refused connection does not
 //! count against the attempt cap (see [`crate::policy`]), so there the budget, the deadline and
-//! the send ceiling are what bound a fleet; [`OutageResults::budget_bound`] is the most load the
+//! the send ceiling are what bound a fleet; [`OutageConfig::budget_bound`] is the most load the
 //! budget lets through while the backend is down, and the tests check every budgeted fleet stays
 //! under it.
 
