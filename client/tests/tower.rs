@@ -11,6 +11,8 @@ use idem_client::tower::{BoxError, IdemRetryLayer, IdemRetryPolicy, ProblemHint}
 use idem_client::{Backoff, Jitter, RetryPolicy};
 use tower::{Service, ServiceBuilder, ServiceExt};
 
+mod support;
+
 type Answer = Result<Response<String>, BoxError>;
 
 #[derive(Clone, Default)]
@@ -246,4 +248,72 @@ async fn each_request_is_its_own_operation_and_the_budget_is_shared() {
     assert_eq!(script.calls(), 3);
     // Two default full-jitter sleeps: under 0.5 s + 1 s.
     assert!(started.elapsed() < Duration::from_millis(1600));
+}
+
+/// A hyper client (hyper-util's legacy client) under the layer, against a local server: the
+/// tower path end to end, sockets included.
+mod hyper_client {
+    use super::*;
+    use crate::support;
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    fn hyper() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+        Client::builder(TokioExecutor::new()).build_http()
+    }
+
+    // clause: idem.client.same-key, idem.client.allowlist
+    #[tokio::test]
+    async fn a_hyper_client_retries_a_503_with_one_key() {
+        let (url, script) = support::serve(vec![support::answer(503), support::answer(201)]).await;
+        let svc = ServiceBuilder::new()
+            .layer(IdemRetryLayer::new(IdemRetryPolicy::new(fast())))
+            .timeout(Duration::from_secs(10))
+            .service(hyper());
+        let req = Request::post(url.as_str())
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .expect("request");
+        let resp = svc.oneshot(req).await.expect("response");
+        assert_eq!(resp.status().as_u16(), 201);
+        let keys = script.lock().expect("lock").seen_keys.clone();
+        assert_eq!(keys.len(), 2);
+        assert!(keys[0].is_some() && keys[0] == keys[1], "{keys:?}");
+    }
+
+    // clause: idem.client.allowlist, idem.client.max-attempts
+    #[tokio::test]
+    async fn a_refused_connection_is_a_connect_error_retried_up_to_the_send_ceiling() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        drop(listener);
+        let calls = Arc::new(Mutex::new(0u32));
+        let counted = {
+            let calls = calls.clone();
+            let inner = hyper();
+            tower::service_fn(move |req: Request<Full<Bytes>>| {
+                *calls.lock().expect("lock") += 1;
+                let inner = inner.clone();
+                async move { inner.request(req).await }
+            })
+        };
+        let svc = ServiceBuilder::new()
+            .layer(IdemRetryLayer::new(IdemRetryPolicy::new(fast())))
+            .timeout(Duration::from_secs(10))
+            .service(counted);
+        let req = Request::post(format!("http://{addr}/orders"))
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .expect("request");
+        let err = svc.oneshot(req).await.expect_err("nothing listens");
+        assert_eq!(
+            idem_client::tower::outcome_of_error(err.as_ref()),
+            idem_client::Outcome::ConnectError,
+            "{err:?}"
+        );
+        // Refusals do not spend the 3-attempt cap: the 10-send ceiling stops them.
+        assert_eq!(*calls.lock().expect("lock"), 10);
+    }
 }
