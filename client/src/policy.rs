@@ -667,6 +667,9 @@ impl RetryPolicy {
     ) -> Decision {
         state.attempts += 1;
         if outcome.is_success() {
+            // The server executed it: it counts, like every attempt that is not a refusal or
+            // a 409 in flight.
+            state.counted += 1;
             if let Some(b) = budget
                 && outcome.is_2xx()
             {
@@ -676,7 +679,11 @@ impl RetryPolicy {
         }
         let (reason, class) = match self.classify(facts, outcome) {
             Ok(r) => r,
-            Err(stop) => return Decision::Stop(stop),
+            Err(stop) => {
+                // A final answer (a refusal is always retryable, so never here).
+                state.counted += 1;
+                return Decision::Stop(stop);
+            }
         };
         // A cap of 1 means "no retries" to anyone who sets it: nothing is free then.
         if reason.counts_as_attempt() || self.max_attempts <= 1 {

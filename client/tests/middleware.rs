@@ -88,6 +88,8 @@ async fn retries_503_then_409_in_use_then_201_with_one_key() -> Result<(), reqwe
         "{seen:?}"
     );
     assert_eq!(report.attempts, 3);
+    // The 409 in flight does not count against the cap: the 503 and the 201 do.
+    assert_eq!(report.counted_attempts, 2);
     assert_eq!(report.stopped, None);
 
     // The sleeps honoured Retry-After as a floor over the seeded full-jitter draws.

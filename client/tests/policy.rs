@@ -701,6 +701,15 @@ fn decorrelated_jitter_is_available_through_the_policy() {
 /// Runs `outcomes` through one operation with the default budget, elapsed time advancing by
 /// each decided delay plus 50 ms per attempt, and returns every decision.
 fn run_operation(p: &RetryPolicy, budget: &RetryBudget, outcomes: &[Outcome]) -> Vec<Decision> {
+    run_operation_counted(p, budget, outcomes).0
+}
+
+/// [`run_operation`], and the attempts that counted against the cap.
+fn run_operation_counted(
+    p: &RetryPolicy,
+    budget: &RetryBudget,
+    outcomes: &[Outcome],
+) -> (Vec<Decision>, u32) {
     let mut state = RetryState::seeded(SEED);
     let mut elapsed = Duration::ZERO;
     let mut out = Vec::new();
@@ -712,7 +721,7 @@ fn run_operation(p: &RetryPolicy, budget: &RetryBudget, outcomes: &[Outcome]) ->
         }
         out.push(d);
     }
-    out
+    (out, state.counted_attempts())
 }
 
 // clause: idem.client.max-attempts, idem.client.retry-after, idem.client.budget
@@ -735,7 +744,9 @@ fn a_crash_and_restart_fit_in_the_attempt_cap_refused_and_in_flight_answers_do_n
         Outcome::status(201),
     ];
     let budget = RetryBudget::default();
-    let decisions = run_operation(&policy(), &budget, &outcomes);
+    let (decisions, counted) = run_operation_counted(&policy(), &budget, &outcomes);
+    // Six requests sent, two that the server may have executed: the lost one and the 201.
+    assert_eq!(counted, 2);
     let reasons: Vec<RetryReason> = decisions
         .iter()
         .filter_map(|d| match d {
