@@ -15,6 +15,8 @@
 //! - [`clock`]: injectable time ([`Clock`], [`ManualClock`]).
 //! - [`decisions`]: the decision table the book prints, built from the policy itself.
 //! - [`middleware`]: [`RetryMiddleware`], the mechanism, for `reqwest_middleware`.
+//! - [`telemetry`]: what the client counts through the `metrics` facade.
+//! - [`tower`]: the same policy as a `tower::retry::Policy`, for tower and hyper users.
 //! - [`rng`]: the tiny specified generator that makes schedules reproducible in any language.
 //! - [`vectors`]: the golden delay schedules published in `client/vectors/backoff.json`.
 //! - `sim` (feature `sim`, off by default): the fleet simulator behind the `idem-sim` binary and
@@ -48,7 +50,11 @@
 //! which a cap cannot, so there is one bucket per origin, refunded the way the AWS SDKs' standard
 //! mode refunds it (see [`budget`]). A single deadline spans the call, because a per-attempt
 //! timeout that restarts on every retry lets a "5 s timeout" take 20 s; each attempt still gets
-//! at most `attempt_timeout` (10 s) of it, so one hung attempt leaves room for another.
+//! at most `attempt_timeout` (10 s) of it to see the response's head, so one hung attempt leaves
+//! room for another (the body is the caller's to read, and is not cut). The cap counts attempts
+//! the server may have executed: a refused connection (a restart) and a `409` in flight (a
+//! crashed holder's lease) pay the budget instead, so a default client rides out a server crash
+//! within its deadline (see [`policy`]).
 //!
 //! ## How it compares
 //!
@@ -69,6 +75,8 @@ pub mod policy;
 pub mod rng;
 #[cfg(feature = "sim")]
 pub mod sim;
+pub mod telemetry;
+pub mod tower;
 pub mod vectors;
 
 pub use backoff::{Backoff, Jitter};
@@ -82,8 +90,10 @@ pub use error::{AttemptError, Error};
 pub use idem_spec::IdempotencyKey;
 pub use key::{derive_key, mint_key};
 pub use middleware::{
-    AttemptInfo, Budgets, Deadline, HookVerdict, RetryEvent, RetryMiddleware, RetryReport,
+    ATTEMPT_COUNT_HEADER, AttemptInfo, Budgets, Deadline, HookVerdict, RetryEvent, RetryMiddleware,
+    RetryReport,
 };
 pub use policy::{
-    Decision, Outcome, RequestFacts, RetryPlan, RetryPolicy, RetryReason, RetryState, StopReason,
+    AddedRetry, Decision, Outcome, RequestFacts, RetryPlan, RetryPolicy, RetryReason, RetryState,
+    StopReason,
 };

@@ -14,18 +14,25 @@
 //!    auto keys are on) a freshly minted UUID; the key is written into the one request it holds;
 //! 2. fixes one deadline (a [`Deadline`] extension, else the policy's) and picks the retry
 //!    budget of the request's origin (one bucket per scheme, host and port by default);
-//! 3. gives each attempt [`RetryPolicy::timeout_for_attempt`]: the least of `attempt_timeout` and
-//!    what is left of the deadline. It does so with its own timer around the attempt and never
-//!    by rewriting the request's timeout, so a shorter timeout of the `reqwest::Client` itself
-//!    (or of the request) still applies: the attempt ends at whichever fires first. The body of
-//!    the response handed back is held to the same attempt timeout, as reqwest's own timeout is;
-//! 4. after each attempt asks the policy, emits a `tracing` event for every retry, lets the
-//!    `on_retry` hook observe or veto, sleeps on the injected [`Clock`], and re-sends a clone of
-//!    the same request;
+//! 3. gives each attempt [`RetryPolicy::timeout_for_attempt`] to get the response's head: the
+//!    least of `attempt_timeout` and what is left of the deadline. It does so with its own timer
+//!    around the attempt and never by rewriting the request's timeout, so a shorter timeout of
+//!    the `reqwest::Client` itself (or of the request) still applies: the attempt ends at
+//!    whichever fires first. The body of the response handed back is not cut by that timer (a
+//!    large download or a stream is the caller's to read), unless
+//!    [`RetryPolicy::body_timeout`] is set;
+//! 4. runs each attempt inside a `tracing` span (`idem_client.attempt`: attempt number, why it
+//!    is sent, the wait before it, its outcome and the decision), after each attempt asks the
+//!    policy, emits a `tracing` event for every retry, lets the `on_retry` hook observe or veto,
+//!    sleeps on the injected [`Clock`], and re-sends a clone of the same request (with the
+//!    attempt number in a header, when [`RetryMiddleware::with_attempt_header`] is on);
 //! 5. hands back the last response, whatever its status and why it stopped (even a `429` whose
 //!    `Retry-After` lands past the deadline: its headers and body are the caller's to read), with
 //!    a [`RetryReport`] (key, attempts, sleeps, why it stopped) in its extensions; when the last
 //!    attempt got no response at all, it returns [`Error::GaveUp`] with the same facts.
+//!
+//! It counts what it does through the `metrics` facade (see [`crate::telemetry`]), so the
+//! application's exporter sees attempts, retries by reason, give-ups and budget levels.
 //!
 //! The middleware decides nothing itself: every "whether" and "how long" is
 //! [`RetryPolicy::decide`]'s, and every loop here is bounded by its attempt cap and deadline.
@@ -37,6 +44,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use http::Extensions;
+use http::HeaderName;
 use idem_spec::IdempotencyKey;
 use idem_spec::headers::{IDEMPOTENCY_KEY, RETRY_AFTER};
 use reqwest::header::HeaderValue;
@@ -53,6 +61,13 @@ use crate::policy::{
     parse_retry_after,
 };
 use crate::rng::SplitMix64;
+use crate::telemetry;
+use tracing::Instrument;
+
+/// The request header [`RetryMiddleware::with_attempt_header`] sends: this attempt's number,
+/// 1-based (`Attempt-Count: 2` on the first retry). Off by default; a server may log it, and
+/// should treat it as a hint only (see the book's "Seeing retries").
+pub const ATTEMPT_COUNT_HEADER: &str = "attempt-count";
 
 /// Overrides the policy's deadline for one operation: put it in the request's extensions with
 /// `reqwest_middleware::RequestBuilder::with_extension`.
@@ -89,6 +104,15 @@ pub struct RetryEvent {
     pub url: String,
 }
 
+/// Which bucket pays for a request's retries, as the budget-level metric labels it: the origin,
+/// or `shared` for one bucket shared by every origin.
+fn bucket_label(budgets: &Budgets, url: &reqwest::Url) -> String {
+    match budgets {
+        Budgets::PerOrigin(_) => url.origin().ascii_serialization(),
+        Budgets::Shared(_) | Budgets::None => "shared".to_owned(),
+    }
+}
+
 /// The hook's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HookVerdict {
@@ -118,6 +142,9 @@ pub struct RetryReport {
     pub remaining: Duration,
     /// Tokens left in the budget of the request's origin, if one is used.
     pub budget_left: Option<u32>,
+    /// Attempts that counted against the attempt cap (refused connections and `409`s in
+    /// flight do not; see [`crate::policy`]).
+    pub counted_attempts: u32,
 }
 
 /// How a middleware budgets its retries.
@@ -140,6 +167,15 @@ impl Budgets {
             Budgets::PerOrigin(o) => Some(o.for_url(url)),
         }
     }
+
+    /// The bucket that pays for retries of a request to `origin` (`scheme://host[:port]`).
+    pub fn for_origin(&self, origin: &str) -> Option<RetryBudget> {
+        match self {
+            Budgets::None => None,
+            Budgets::Shared(b) => Some(b.clone()),
+            Budgets::PerOrigin(o) => Some(o.for_origin(origin)),
+        }
+    }
 }
 
 /// The retry middleware. Build one per client: every request through that client shares its
@@ -151,6 +187,7 @@ pub struct RetryMiddleware {
     seeds: Mutex<SplitMix64>,
     hook: Option<RetryHook>,
     auto_keys: bool,
+    attempt_header: Option<HeaderName>,
 }
 
 impl std::fmt::Debug for RetryMiddleware {
@@ -161,6 +198,7 @@ impl std::fmt::Debug for RetryMiddleware {
             .field("clock", &self.clock)
             .field("hook", &self.hook.is_some())
             .field("auto_keys", &self.auto_keys)
+            .field("attempt_header", &self.attempt_header)
             .finish()
     }
 }
@@ -183,21 +221,54 @@ impl RetryMiddleware {
             seeds: Mutex::new(SplitMix64::from_entropy()),
             hook: None,
             auto_keys: true,
+            attempt_header: None,
         }
     }
 
-    /// Pays every retry, whatever its origin, from `budget` (clone a [`RetryBudget`] to share one
-    /// bucket across several clients, or to read its level from outside). Use it when several
-    /// origins are one service; otherwise prefer [`RetryMiddleware::with_origin_budgets`].
-    pub fn with_budget(mut self, budget: RetryBudget) -> Self {
+    /// Pays every retry, **whatever its origin**, from the one bucket `budget` (clone a
+    /// [`RetryBudget`] to share it across several clients, or to read its level from outside).
+    /// This replaces the default of one bucket per origin: use it when several origins are one
+    /// service; otherwise use [`RetryMiddleware::with_budget_per_origin`].
+    pub fn with_shared_budget(mut self, budget: RetryBudget) -> Self {
         self.budgets = Budgets::Shared(budget);
         self
     }
 
-    /// Pays retries from one bucket per origin, taken from `budgets` (clone an
-    /// [`OriginBudgets`] to share it between clients or to read its levels from outside).
-    pub fn with_origin_budgets(mut self, budgets: OriginBudgets) -> Self {
+    /// Pays retries from **one bucket per origin** (the default's shape), taken from `budgets`
+    /// (clone an [`OriginBudgets`] to share it between clients, to read its levels from outside,
+    /// or to set another [`BudgetConfig`](crate::BudgetConfig) for every origin).
+    pub fn with_budget_per_origin(mut self, budgets: OriginBudgets) -> Self {
         self.budgets = Budgets::PerOrigin(budgets);
+        self
+    }
+
+    /// The old name of [`RetryMiddleware::with_shared_budget`]: it silently replaced the
+    /// per-origin buckets with one shared bucket, which the name did not say.
+    #[deprecated(
+        since = "0.1.0",
+        note = "use `with_shared_budget` (one bucket for every origin) or `with_budget_per_origin`"
+    )]
+    pub fn with_budget(self, budget: RetryBudget) -> Self {
+        self.with_shared_budget(budget)
+    }
+
+    /// The old name of [`RetryMiddleware::with_budget_per_origin`].
+    #[deprecated(since = "0.1.0", note = "use `with_budget_per_origin`")]
+    pub fn with_origin_budgets(self, budgets: OriginBudgets) -> Self {
+        self.with_budget_per_origin(budgets)
+    }
+
+    /// Sends each attempt's number, 1-based, in the [`ATTEMPT_COUNT_HEADER`] request header
+    /// (`Attempt-Count: 1`, then `2`…). Off by default: it is a hint a server may log or graph
+    /// (how many requests are retries), and nothing in the contract depends on it.
+    pub fn with_attempt_header(self) -> Self {
+        self.with_attempt_header_named(HeaderName::from_static(ATTEMPT_COUNT_HEADER))
+    }
+
+    /// Like [`RetryMiddleware::with_attempt_header`], under another name (an API that already
+    /// reads one).
+    pub fn with_attempt_header_named(mut self, name: HeaderName) -> Self {
+        self.attempt_header = Some(name);
         self
     }
 
@@ -312,9 +383,7 @@ impl RetryMiddleware {
             .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600));
         let exchange = async {
             match next.run(req, extensions).await {
-                Ok(resp) => {
-                    Ok(observe_response(resp, policy, self.clock.wall(), ends, timeout).await)
-                }
+                Ok(resp) => Ok(observe_response(resp, policy, self.clock.wall()).await),
                 Err(reqwest_middleware::Error::Reqwest(e)) => Ok((
                     transport_outcome(&e),
                     Held::Failed(AttemptError::Transport(e)),
@@ -335,10 +404,11 @@ impl RetryMiddleware {
 
 /// What an attempt left in our hands.
 enum Held {
-    /// A response, and the instant its body must be read by (`None` once it is in memory).
+    /// A response, and how long its body may take to read (`None` once it is in memory, or
+    /// when the policy sets no body timeout).
     Response {
         resp: Response,
-        body_deadline: Option<(tokio::time::Instant, Duration)>,
+        body_deadline: Option<Duration>,
     },
     /// No response.
     Failed(AttemptError),
@@ -367,6 +437,7 @@ impl Operation {
             stopped,
             remaining,
             budget_left: self.budget.as_ref().map(RetryBudget::available),
+            counted_attempts: state.counted_attempts(),
         }
     }
 }
@@ -397,26 +468,34 @@ impl Middleware for RetryMiddleware {
             key_minted,
             budget: self.budgets.for_url(req.url()),
         };
+        let bucket = op
+            .budget
+            .as_ref()
+            .map(|_| bucket_label(&self.budgets, req.url()));
         let method = req.method().to_string();
         let url = req.url().to_string();
         let mut state = self.next_state();
         let mut delays = Vec::new();
+        // Why the next attempt is sent and how long we waited before it, for its span.
+        let mut why: &'static str = "first";
+        let mut waited = Duration::ZERO;
         // One request for the whole operation; attempts are clones of it, or, for a body that
         // can be sent only once, the request itself on its one attempt.
         let mut template = Some(req);
 
         // Bounded: every pass either returns or records one attempt, and the policy stops at
-        // `max_attempts` (and at the deadline).
+        // `max_sends` (and at `max_attempts`, and at the deadline).
         loop {
             let elapsed = self.elapsed(start);
             if policy.remaining(elapsed).is_zero() {
+                telemetry::gave_up("deadline-exceeded");
                 return Err(wrap(Error::DeadlineExceeded {
                     attempt: state.attempts() + 1,
                     key: op.key,
                 }));
             }
             let timeout = policy.timeout_for_attempt(elapsed);
-            let (attempt, replayable) = match template.as_ref().and_then(Request::try_clone) {
+            let (mut attempt, replayable) = match template.as_ref().and_then(Request::try_clone) {
                 Some(clone) => (clone, true),
                 None => match template.take() {
                     Some(original) => (original, false),
@@ -429,21 +508,51 @@ impl Middleware for RetryMiddleware {
                     }
                 },
             };
-            extensions.insert(AttemptInfo {
-                number: state.attempts() + 1,
-                timeout,
-            });
+            let number = state.attempts() + 1;
+            if let Some(name) = &self.attempt_header {
+                attempt
+                    .headers_mut()
+                    .insert(name.clone(), HeaderValue::from(number));
+            }
+            extensions.insert(AttemptInfo { number, timeout });
+            let span = tracing::info_span!(
+                target: "idem_client::attempt",
+                "idem_client.attempt",
+                attempt = number,
+                reason = why,
+                wait_ms = millis(waited),
+                timeout_ms = millis(timeout),
+                method = %method,
+                outcome = tracing::field::Empty,
+                status = tracing::field::Empty,
+                decision = tracing::field::Empty,
+            );
             let (outcome, held) = self
                 .attempt(attempt, extensions, next.clone(), &policy, timeout)
+                .instrument(span.clone())
                 .await?;
+            let outcome_label = telemetry::outcome_label(&outcome);
+            span.record("outcome", outcome_label);
+            if let Outcome::Response { status, .. } = &outcome {
+                span.record("status", *status);
+            }
+            telemetry::attempt(outcome_label);
             let elapsed = self.elapsed(start);
             let budget = op.budget.as_ref();
-            let plan = match policy.decide(&mut state, facts, &outcome, elapsed, budget) {
+            let decision = policy.decide(&mut state, facts, &outcome, elapsed, budget);
+            if let (Some(b), Some(label)) = (budget, &bucket) {
+                telemetry::budget_level(label, b.available());
+            }
+            let plan = match decision {
                 Decision::Done => {
+                    span.record("decision", "done");
+                    telemetry::done();
                     let report = op.report(&state, &delays, None, policy.remaining(elapsed));
                     return finish(held, report);
                 }
                 Decision::Stop(reason) => {
+                    span.record("decision", "stop");
+                    telemetry::stopped(&reason);
                     let report =
                         op.report(&state, &delays, Some(reason), policy.remaining(elapsed));
                     return finish(held, report);
@@ -453,7 +562,9 @@ impl Middleware for RetryMiddleware {
                     if let Some(b) = budget {
                         b.deposit(plan.cost);
                     }
+                    span.record("decision", "stop");
                     let reason = StopReason::BodyNotReplayable;
+                    telemetry::stopped(&reason);
                     let report =
                         op.report(&state, &delays, Some(reason), policy.remaining(elapsed));
                     return finish(held, report);
@@ -472,12 +583,14 @@ impl Middleware for RetryMiddleware {
                 if let Some(b) = budget {
                     b.deposit(event.plan.cost);
                 }
+                span.record("decision", "vetoed");
                 tracing::info!(
                     target: "idem_client::retry",
                     attempt = event.plan.failed_attempt,
                     reason = %event.plan.reason,
                     "retry vetoed by the on_retry hook"
                 );
+                telemetry::stopped(&StopReason::Vetoed);
                 let report = op.report(
                     &state,
                     &delays,
@@ -486,12 +599,22 @@ impl Middleware for RetryMiddleware {
                 );
                 return finish(held, report);
             }
+            span.record("decision", "retry");
+            drop(span);
             emit(&event);
+            telemetry::retry(&event.plan);
             drop(held);
             self.clock.sleep(event.plan.delay).await;
             delays.push(event.plan.delay);
+            why = event.plan.reason.as_str();
+            waited = event.plan.delay;
         }
     }
+}
+
+/// Milliseconds, saturating, for span and event fields.
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 fn wrap(e: Error) -> reqwest_middleware::Error {
@@ -547,8 +670,6 @@ async fn observe_response(
     resp: Response,
     policy: &RetryPolicy,
     wall: std::time::SystemTime,
-    ends: tokio::time::Instant,
-    timeout: Duration,
 ) -> (Outcome, Held) {
     let status = resp.status().as_u16();
     let retry_after = resp
@@ -570,7 +691,7 @@ async fn observe_response(
         },
         Held::Response {
             resp,
-            body_deadline: (!in_memory).then_some((ends, timeout)),
+            body_deadline: policy.body_timeout.filter(|_| !in_memory),
         },
     )
 }
@@ -606,7 +727,13 @@ fn finish(held: Held, report: RetryReport) -> reqwest_middleware::Result<Respons
             body_deadline,
         } => {
             let mut resp = match body_deadline {
-                Some((ends, timeout)) => body::with_deadline(resp, ends, timeout),
+                Some(limit) => {
+                    let now = tokio::time::Instant::now();
+                    match now.checked_add(limit) {
+                        Some(ends) => body::with_deadline(resp, ends, limit),
+                        None => resp,
+                    }
+                }
                 None => resp,
             };
             resp.extensions_mut().insert(report);

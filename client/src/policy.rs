@@ -11,7 +11,10 @@
 //! 1. is the outcome on the allowlist, for this method and key? ([`StopReason::NotRetryable`],
 //!    [`StopReason::ProblemNotRetryable`], [`StopReason::NonIdempotentWithoutKey`],
 //!    [`StopReason::ServerErrorWithoutKey`])
-//! 2. attempts left? ([`StopReason::AttemptsExhausted`])
+//! 2. attempts left? An outcome that proves the server ran nothing this time (a refused
+//!    connection, a `409` in flight) does not count against [`RetryPolicy::max_attempts`]
+//!    ([`StopReason::AttemptsExhausted`]); every request sent counts against
+//!    [`RetryPolicy::max_sends`] ([`StopReason::SendsExhausted`]). See "What counts" below.
 //! 3. draw the backoff delay (the only step that consumes randomness);
 //! 4. a `Retry-After` hint past the deadline stops at once ([`StopReason::RetryAfterPastDeadline`]);
 //!    otherwise the delay becomes `max(backoff, hint)`;
@@ -34,6 +37,37 @@
 //! reused for another request), so for a 409 the problem document decides: its `retryable`
 //! member when present, else whether its `code` is the in-flight code of any profile
 //! (`idempotency_key_in_use`, Resend's `concurrent_idempotent_requests`).
+//!
+//! A caller can add rows to the allowlist ([`RetryPolicy::retry_status`],
+//! [`RetryPolicy::retry_problem_code`]: a `425 Too Early`, a vendor's own "try again" code), not
+//! only veto retries with a hook. An added row obeys the same gates as the built-in ones: the
+//! key or idempotent-method rule, `"retryable": false`, the cap, the deadline and the budget.
+//!
+//! ## What counts against the attempt cap, and what the budget pays for
+//!
+//! The attempt cap ([`RetryPolicy::max_attempts`], 3) bounds how many times one operation may
+//! have been *executed* by the server: every attempt whose outcome leaves that possible (a
+//! response, a lost connection, a timeout). Two outcomes prove that this attempt executed
+//! nothing, and they do not count against it:
+//!
+//! - **a refused connection** ([`Outcome::ConnectError`]): the request never left the client.
+//!   gRPC (gRFC A6) retries such RPCs "transparently", outside `maxAttempts`, for the same
+//!   reason. A server that is restarting refuses connections for a moment; spending the cap on
+//!   that moment is what made default clients give up 1.2 s into a 2 s restart.
+//! - **a `409` in flight** ([`RetryReason::KeyInUse`]): the server says the key's first request
+//!   is still running (or, after a crash, that its lease has not run out yet) and, with
+//!   `Retry-After`, when to come back. It is a "not yet", like polling a pending job; counting
+//!   it spent the last attempt on waiting, and the client gave up with the answer one lease away.
+//!
+//! Neither is free, and neither can loop: each still **pays the budget** (a refused connection is
+//! a transient retry, 14 tokens, the price of a sick host; a `409` in flight a throttling retry,
+//! 5), as every retry does in the AWS standard mode's retry quota and in gRPC's retry
+//! throttling, so a fleet facing a host that stays down stops retrying when its buckets are
+//! empty, whatever the cap. Each still **waits**: `max(backoff, Retry-After)`, with the
+//! backoff's exponent counting every request sent, so waits grow as they would have. Each
+//! must still fit in **the deadline** (30 s) and under **[`RetryPolicy::max_sends`]** (10), a
+//! ceiling on every request sent that holds even with no budget. A `429` still counts: it is a
+//! load signal about the whole service, where the fleet should give up sooner, not later.
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -136,7 +170,7 @@ impl Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestFacts {
     /// Whether the method is idempotent by definition (RFC 9110 §9.2.2: GET, HEAD, OPTIONS,
-    /// TRACE, PUT, DELETE).
+    /// TRACE, PUT, DELETE; and QUERY, see [`is_idempotent_method`]).
     pub idempotent_method: bool,
     /// Whether the request carries an `Idempotency-Key`.
     pub has_key: bool,
@@ -152,11 +186,12 @@ impl RequestFacts {
     }
 }
 
-/// RFC 9110 §9.2.2's idempotent methods. POST, PATCH and anything unknown are not.
+/// RFC 9110 §9.2.2's idempotent methods, and `QUERY` (the HTTP QUERY method draft defines it as
+/// safe and idempotent: a read with a body). POST, PATCH and anything unknown are not.
 pub fn is_idempotent_method(method: &str) -> bool {
     matches!(
         method,
-        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE" | "QUERY"
     )
 }
 
@@ -186,6 +221,9 @@ pub enum RetryReason {
     /// A 409 the server marks in flight (`"retryable": true`, or an in-flight code such as
     /// `idempotency_key_in_use`): the first attempt is still running.
     KeyInUse,
+    /// A status (and problem code) the caller added to the allowlist
+    /// ([`RetryPolicy::retry_status`], [`RetryPolicy::retry_problem_code`]).
+    CallerListed,
 }
 
 impl RetryReason {
@@ -202,7 +240,15 @@ impl RetryReason {
             RetryReason::ServiceUnavailable => "503-service-unavailable",
             RetryReason::GatewayTimeout => "504-gateway-timeout",
             RetryReason::KeyInUse => "409-key-in-use",
+            RetryReason::CallerListed => "caller-listed",
         }
+    }
+
+    /// Whether a retry for this reason follows an attempt the server may have executed, and so
+    /// counts against [`RetryPolicy::max_attempts`]. A refused connection (never sent) and a
+    /// `409` in flight (the server ran nothing this time) do not; see the module docs.
+    pub fn counts_as_attempt(self) -> bool {
+        !matches!(self, RetryReason::ConnectError | RetryReason::KeyInUse)
     }
 }
 
@@ -235,10 +281,17 @@ pub enum StopReason {
     NonIdempotentWithoutKey,
     /// A 500 on a request without a key (clause `idem.client.500-with-key`).
     ServerErrorWithoutKey,
-    /// The attempt cap was reached.
+    /// The attempt cap was reached: [`RetryPolicy::max_attempts`] attempts the server may
+    /// have executed.
     AttemptsExhausted {
-        /// Attempts made.
+        /// Attempts made that count against the cap.
         attempts: u32,
+    },
+    /// [`RetryPolicy::max_sends`] requests were sent, counting refused connections and `409`s in
+    /// flight too.
+    SendsExhausted {
+        /// Requests sent.
+        sends: u32,
     },
     /// The server's `Retry-After` lands past the deadline: waiting is pointless, so the response
     /// that carried it is handed back at once, headers and body intact.
@@ -288,6 +341,9 @@ impl fmt::Display for StopReason {
             }
             StopReason::AttemptsExhausted { attempts } => {
                 write!(f, "gave up after {attempts} attempts")
+            }
+            StopReason::SendsExhausted { sends } => {
+                write!(f, "gave up after sending the request {sends} times")
             }
             StopReason::RetryAfterPastDeadline { hint, remaining } => write!(
                 f,
@@ -341,27 +397,62 @@ pub enum Decision {
     Stop(StopReason),
 }
 
+/// An answer the caller added to the allowlist: a status, optionally only with a given problem
+/// `code`, and the budget class its retries pay as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddedRetry {
+    /// The status.
+    pub status: u16,
+    /// When set, only a problem body with this `code` matches.
+    pub code: Option<String>,
+    /// What a retry for it costs: [`RetryClass::Throttling`] for "not yet" answers (a `425 Too
+    /// Early`), [`RetryClass::Transient`] for "something broke".
+    pub class: RetryClass,
+}
+
+/// The default ceiling on requests sent per operation ([`RetryPolicy::max_sends`]).
+pub const DEFAULT_MAX_SENDS: u32 = 10;
+
 /// The policy: pure configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
-    /// Attempts per logical operation, the first included (clause `idem.client.max-attempts`).
+    /// Attempts per logical operation, the first included, that the server may have executed
+    /// (clause `idem.client.max-attempts`). A refused connection and a `409` in flight do not
+    /// count (see the module docs); [`RetryPolicy::max_sends`] bounds those. A cap of 1 turns
+    /// every retry off, those included.
     pub max_attempts: u32,
+    /// Requests sent per logical operation, every kind of attempt included: the ceiling that
+    /// holds even when a host refuses connections for the whole deadline with no budget set.
+    /// Set it equal to `max_attempts` to count every request against one cap.
+    pub max_sends: u32,
     /// The delay formula.
     pub backoff: Backoff,
     /// The overall deadline of one logical operation, measured from its start.
     pub deadline: Duration,
-    /// The longest one attempt may take; each attempt gets the least of this, what is left of
-    /// the deadline ([`RetryPolicy::timeout_for_attempt`]) and the HTTP client's own timeout.
+    /// The longest one attempt may wait for the response's head (status and headers: the time
+    /// to first byte); each attempt gets the least of this, what is left of the deadline
+    /// ([`RetryPolicy::timeout_for_attempt`]) and the HTTP client's own timeout. It does not
+    /// cover reading the body of the response handed back: see [`RetryPolicy::body_timeout`].
     pub attempt_timeout: Duration,
+    /// How long the caller may take to read the body of the response handed back, counted from
+    /// its head's arrival; `None` (the default) sets no limit of the middleware's own, so a
+    /// large download or a streamed response is not cut (the `reqwest::Client`'s own timeout,
+    /// if any, still applies). A small problem body the policy reads to decide is read within
+    /// the attempt timeout.
+    pub body_timeout: Option<Duration>,
     /// `code` values that mean "key in use" on a 409 whose problem has no `retryable` member.
     /// Defaults to every profile's in-flight spelling (`idempotency_key_in_use`, Resend's
     /// `concurrent_idempotent_requests`), so one client works against any API the conformance
     /// kit knows.
     pub in_use_codes: Vec<String>,
+    /// Answers the caller added to the allowlist (empty by default); see
+    /// [`RetryPolicy::retry_status`].
+    pub added: Vec<AddedRetry>,
 }
 
 impl Default for RetryPolicy {
-    /// 3 attempts, full jitter 500 ms / 20 s, 30 s deadline, 10 s per attempt.
+    /// 3 attempts (at most 10 requests sent), full jitter 500 ms / 20 s, 30 s deadline, 10 s
+    /// to the response's head per attempt, no limit on reading the body.
     fn default() -> Self {
         let mut in_use_codes: Vec<String> = Profile::ALL
             .iter()
@@ -371,10 +462,13 @@ impl Default for RetryPolicy {
         in_use_codes.dedup();
         Self {
             max_attempts: 3,
+            max_sends: DEFAULT_MAX_SENDS,
             backoff: Backoff::default(),
             deadline: DEFAULT_DEADLINE,
             attempt_timeout: DEFAULT_ATTEMPT_TIMEOUT,
+            body_timeout: None,
             in_use_codes,
+            added: Vec::new(),
         }
     }
 }
@@ -383,7 +477,10 @@ impl Default for RetryPolicy {
 /// jitter) and the random stream.
 #[derive(Debug, Clone)]
 pub struct RetryState {
+    /// Requests sent (every kind of attempt).
     attempts: u32,
+    /// Attempts that count against `max_attempts`.
+    counted: u32,
     previous_delay: Option<Duration>,
     /// What the last retry paid the budget: refunded if the operation then succeeds.
     last_cost: Option<u32>,
@@ -395,6 +492,7 @@ impl RetryState {
     pub fn new(rng: SplitMix64) -> Self {
         Self {
             attempts: 0,
+            counted: 0,
             previous_delay: None,
             last_cost: None,
             rng,
@@ -406,9 +504,15 @@ impl RetryState {
         Self::new(SplitMix64::new(seed))
     }
 
-    /// Attempts recorded so far.
+    /// Attempts recorded so far: every request sent.
     pub fn attempts(&self) -> u32 {
         self.attempts
+    }
+
+    /// Attempts recorded so far that count against [`RetryPolicy::max_attempts`] (refused
+    /// connections and `409`s in flight excluded).
+    pub fn counted_attempts(&self) -> u32 {
+        self.counted
     }
 
     /// The generator, for callers that draw their own randomness from the same stream.
@@ -418,6 +522,44 @@ impl RetryState {
 }
 
 impl RetryPolicy {
+    /// Adds `status` to the allowlist, its retries paying as `class` (e.g.
+    /// `retry_status(425, RetryClass::Throttling)` for `425 Too Early`). The other gates still
+    /// apply: a POST without a key is not retried, a problem saying `"retryable": false` is
+    /// believed. Built-in rows are unaffected.
+    pub fn retry_status(mut self, status: u16, class: RetryClass) -> Self {
+        self.added.push(AddedRetry {
+            status,
+            code: None,
+            class,
+        });
+        self
+    }
+
+    /// Adds a `status` whose problem body has `code` to the allowlist (a vendor's "try again"
+    /// code on a status the allowlist refuses, such as a `409` or a `400`), its retries paying as
+    /// `class`. The middleware reads the problem body of such a status to find the code.
+    pub fn retry_problem_code(
+        mut self,
+        status: u16,
+        code: impl Into<String>,
+        class: RetryClass,
+    ) -> Self {
+        self.added.push(AddedRetry {
+            status,
+            code: Some(code.into()),
+            class,
+        });
+        self
+    }
+
+    /// The class of an added row matching `status` and `code`, if any.
+    fn added_row(&self, status: u16, code: Option<&str>) -> Option<RetryClass> {
+        self.added
+            .iter()
+            .find(|a| a.status == status && a.code.as_deref().is_none_or(|c| Some(c) == code))
+            .map(|a| a.class)
+    }
+
     /// What is left of the deadline after `elapsed` (zero once passed).
     pub fn remaining(&self, elapsed: Duration) -> Duration {
         self.deadline.saturating_sub(elapsed)
@@ -440,7 +582,9 @@ impl RetryPolicy {
             idempotent_method: true,
             has_key: true,
         };
-        status == 409 || self.classify(safe, &Outcome::status(status)).is_ok()
+        status == 409
+            || self.added.iter().any(|a| a.status == status)
+            || self.classify(safe, &Outcome::status(status)).is_ok()
     }
 
     /// Classifies an outcome against the allowlist: `Ok(reason)` when it may be retried,
@@ -473,10 +617,15 @@ impl RetryPolicy {
                                 .as_deref()
                                 .is_some_and(|c| self.in_use_codes.iter().any(|k| k == c))
                         });
-                        if !in_flight {
+                        if in_flight {
+                            (RetryReason::KeyInUse, Throttling)
+                        } else if let Some(class) = self.added_row(409, problem_code.as_deref())
+                            && *problem_retryable != Some(false)
+                        {
+                            (RetryReason::CallerListed, class)
+                        } else {
                             return Err(StopReason::NotRetryable { status: Some(409) });
                         }
-                        (RetryReason::KeyInUse, Throttling)
                     }
                     429 => (RetryReason::TooManyRequests, Throttling),
                     500 => (RetryReason::InternalErrorWithKey, Transient),
@@ -484,7 +633,10 @@ impl RetryPolicy {
                     503 if retry_after.is_some() => (RetryReason::ServiceUnavailable, Throttling),
                     503 => (RetryReason::ServiceUnavailable, Transient),
                     504 => (RetryReason::GatewayTimeout, Transient),
-                    s => return Err(StopReason::NotRetryable { status: Some(s) }),
+                    s => match self.added_row(s, problem_code.as_deref()) {
+                        Some(class) => (RetryReason::CallerListed, class),
+                        None => return Err(StopReason::NotRetryable { status: Some(s) }),
+                    },
                 };
                 if *problem_retryable == Some(false) {
                     return Err(StopReason::ProblemNotRetryable { status });
@@ -515,6 +667,9 @@ impl RetryPolicy {
     ) -> Decision {
         state.attempts += 1;
         if outcome.is_success() {
+            // The server executed it: it counts, like every attempt that is not a refusal or
+            // a 409 in flight.
+            state.counted += 1;
             if let Some(b) = budget
                 && outcome.is_2xx()
             {
@@ -524,15 +679,29 @@ impl RetryPolicy {
         }
         let (reason, class) = match self.classify(facts, outcome) {
             Ok(r) => r,
-            Err(stop) => return Decision::Stop(stop),
+            Err(stop) => {
+                // A final answer (a refusal is always retryable, so never here).
+                state.counted += 1;
+                return Decision::Stop(stop);
+            }
         };
-        if state.attempts >= self.max_attempts {
-            return Decision::Stop(StopReason::AttemptsExhausted {
-                attempts: state.attempts,
+        // A cap of 1 means "no retries" to anyone who sets it: nothing is free then.
+        if reason.counts_as_attempt() || self.max_attempts <= 1 {
+            state.counted += 1;
+            if state.counted >= self.max_attempts {
+                return Decision::Stop(StopReason::AttemptsExhausted {
+                    attempts: state.counted,
+                });
+            }
+        }
+        if state.attempts >= self.max_sends {
+            return Decision::Stop(StopReason::SendsExhausted {
+                sends: state.attempts,
             });
         }
         // `attempts` includes the one that just failed, so `attempts - 1` retries were made
-        // before it: the book's n, counted from 0, so the first ceiling is `base`.
+        // before it: the book's n, counted from 0, so the first ceiling is `base`. Every request
+        // sent counts here, refused ones included: the longer a host fails, the longer we wait.
         let retries_made = state.attempts.saturating_sub(1);
         let backoff = self
             .backoff

@@ -160,7 +160,8 @@ async fn a_failing_host_no_longer_spends_a_healthy_hosts_retries() {
     // Before: one bucket for every host. 20 calls x 2 retries x 14 tokens want 560 of 500, so
     // the bucket is empty when the healthy host's 503 arrives.
     let shared = RetryBudget::default();
-    let before = one_503_on_a_healthy_host(RetryMiddleware::default().with_budget(shared)).await;
+    let before =
+        one_503_on_a_healthy_host(RetryMiddleware::default().with_shared_budget(shared)).await;
     println!("one shared bucket (before): {before:?}");
     assert_eq!(before.attempts, 1);
     assert!(

@@ -192,3 +192,19 @@ fn the_committed_table_is_current() {
         "{DECISIONS_TABLE_PATH} is stale: run `cargo run -p idem-client --bin idem-client-vectors`"
     );
 }
+
+/// The chapter says how many rows the table has; that number is the table's.
+#[test]
+fn the_book_states_the_tables_row_count() {
+    let md = committed();
+    let n = table_rows(&md).len();
+    assert_eq!(n, decisions::rows().len());
+    let chapter = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../book/src/client.md"),
+    )
+    .expect("client.md");
+    assert!(
+        chapter.contains(&format!("It has {n} rows")),
+        "book/src/client.md must say the decision table has {n} rows"
+    );
+}

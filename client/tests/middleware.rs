@@ -63,7 +63,7 @@ async fn retries_503_then_409_in_use_then_201_with_one_key() -> Result<(), reqwe
     let client = ClientBuilder::new(reqwest::Client::new())
         .with(
             RetryMiddleware::default()
-                .with_budget(budget.clone())
+                .with_shared_budget(budget.clone())
                 .with_clock(clock.clone())
                 .with_seed(7),
         )
@@ -88,6 +88,8 @@ async fn retries_503_then_409_in_use_then_201_with_one_key() -> Result<(), reqwe
         "{seen:?}"
     );
     assert_eq!(report.attempts, 3);
+    // The 409 in flight does not count against the cap: the 503 and the 201 do.
+    assert_eq!(report.counted_attempts, 2);
     assert_eq!(report.stopped, None);
 
     // The sleeps honoured Retry-After as a floor over the seeded full-jitter draws.
@@ -386,7 +388,7 @@ async fn the_hook_sees_every_retry_and_can_veto() {
     let budget = RetryBudget::default();
     // ANCHOR: on_retry
     let middleware = RetryMiddleware::default()
-        .with_budget(budget.clone())
+        .with_shared_budget(budget.clone())
         .with_clock(ManualClock::default())
         .on_retry(move |event: &RetryEvent| {
             log.lock().expect("lock").push(event.clone());
@@ -413,61 +415,134 @@ async fn the_hook_sees_every_retry_and_can_veto() {
     assert_eq!(budget.available(), 486);
 }
 
-// clause: idem.client.allowlist, idem.client.max-attempts
+// clause: idem.client.allowlist, idem.client.max-attempts, idem.client.budget
 #[tokio::test]
-async fn connect_errors_are_retried_up_to_the_cap_then_reported() {
+async fn refused_connections_do_not_spend_the_attempt_cap_but_pay_the_budget_up_to_the_send_ceiling()
+ {
     // A port that was just free: nothing listens there.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     drop(listener);
+    let gave_up = |err: reqwest_middleware::Error| -> (StopReason, u32, bool) {
+        let e = idem_client::Error::from_middleware(&err).expect("an idem-client error");
+        match e {
+            Error::GaveUp {
+                reason,
+                attempts,
+                source,
+                ..
+            } => (
+                reason.clone(),
+                *attempts,
+                source.reqwest().is_some_and(reqwest::Error::is_connect),
+            ),
+            other => panic!("expected GaveUp, got {other:?}"),
+        }
+    };
+
+    // With an hour to spare, the send ceiling (10) is what stops a host that never answers:
+    // ten connections refused, none counted against the 3-attempt cap, each retry paid 14.
     let clock = ManualClock::default();
-    let client = client(RetryMiddleware::default().with_clock(clock.clone()));
+    let budget = RetryBudget::default();
+    let long = RetryPolicy {
+        deadline: Duration::from_secs(3600),
+        ..RetryPolicy::default()
+    };
+    let client = client(
+        RetryMiddleware::new(long)
+            .with_shared_budget(budget.clone())
+            .with_clock(clock.clone()),
+    );
     let err = client
         .put(format!("http://{addr}/orders/1"))
         .body("{}")
         .send()
         .await
         .expect_err("nothing listens");
-    let reqwest_middleware::Error::Middleware(e) = err else {
-        panic!("expected a middleware error, got {err:?}")
-    };
-    match e.downcast_ref::<Error>() {
-        Some(Error::GaveUp {
-            reason, attempts, ..
-        }) => {
-            assert_eq!(*reason, StopReason::AttemptsExhausted { attempts: 3 });
-            assert_eq!(*attempts, 3);
-        }
-        other => panic!("expected GaveUp, got {other:?}"),
-    }
-    assert_eq!(clock.sleeps().len(), 2);
+    assert_eq!(
+        gave_up(err),
+        (StopReason::SendsExhausted { sends: 10 }, 10, true)
+    );
+    assert_eq!(clock.sleeps().len(), 9);
+    assert_eq!(budget.available(), 500 - 9 * 14);
 
-    // A refused connection proves the request was never sent, so even a POST without a key
-    // (auto keys off) is retried.
+    // With the default 30 s deadline, refused connections are retried (more than the cap's 3
+    // times) until the next sleep would end past the deadline, never beyond it.
     let clock = ManualClock::default();
-    let keyless = self::client(
+    let client = self::client(RetryMiddleware::default().with_clock(clock.clone()));
+    let err = client
+        .put(format!("http://{addr}/orders/1"))
+        .body("{}")
+        .send()
+        .await
+        .expect_err("nothing listens");
+    let (reason, attempts, connect) = gave_up(err);
+    assert!(connect);
+    assert!(attempts > 3 && attempts <= 10, "{attempts}");
+    match reason {
+        StopReason::DeadlineWouldPass { delay, remaining } => assert!(delay >= remaining),
+        StopReason::SendsExhausted { sends } => assert_eq!(sends, 10),
+        other => panic!("unexpected {other:?}"),
+    }
+    let slept: Duration = clock.sleeps().iter().sum();
+    assert!(slept < Duration::from_secs(30), "{slept:?}");
+
+    // An empty budget stops them: a refused connection is a transient retry (14 tokens).
+    let clock = ManualClock::default();
+    let poor = RetryBudget::new(idem_client::BudgetConfig {
+        capacity: 30,
+        ..Default::default()
+    });
+    let client = self::client(
         RetryMiddleware::default()
+            .with_shared_budget(poor.clone())
+            .with_clock(clock.clone()),
+    );
+    let err = client
+        .put(format!("http://{addr}/orders/1"))
+        .body("{}")
+        .send()
+        .await
+        .expect_err("nothing listens");
+    assert_eq!(
+        gave_up(err),
+        (
+            StopReason::BudgetExhausted {
+                cost: 14,
+                available: 2
+            },
+            3,
+            true
+        )
+    );
+
+    // Setting the ceiling to the cap counts every request against one cap (the old rule).
+    let clock = ManualClock::default();
+    let strict = RetryPolicy {
+        max_sends: 3,
+        ..RetryPolicy::default()
+    };
+    let keyless = self::client(
+        RetryMiddleware::new(strict)
             .auto_keys(false)
             .with_clock(clock.clone()),
     );
+    // A refused connection proves the request was never sent, so even a POST without a key
+    // (auto keys off) is retried.
     let err = keyless
         .post(format!("http://{addr}/orders"))
         .body("{}")
         .send()
         .await
         .expect_err("nothing listens");
-    let reqwest_middleware::Error::Middleware(e) = err else {
-        panic!("expected a middleware error, got {err:?}")
-    };
-    let e = e.downcast_ref::<Error>().expect("an idem-client error");
-    assert!(
-        matches!(e, Error::GaveUp { reason: StopReason::AttemptsExhausted { attempts: 3 }, source, .. }
-            if source.reqwest().is_some_and(reqwest::Error::is_connect)),
-        "{e:?}"
-    );
+    let e = idem_client::Error::from_middleware(&err).expect("an idem-client error");
     assert_eq!(e.key(), None);
+    assert_eq!(
+        gave_up(err),
+        (StopReason::SendsExhausted { sends: 3 }, 3, true)
+    );
     assert_eq!(clock.sleeps().len(), 2);
 }
 
@@ -481,7 +556,7 @@ async fn an_empty_shared_budget_stops_retries_across_requests() {
     });
     let client = client(
         RetryMiddleware::default()
-            .with_budget(budget.clone())
+            .with_shared_budget(budget.clone())
             .with_clock(ManualClock::default()),
     );
     // First request: two retries (28 tokens). Second: the bucket has 2 left, so none.
@@ -561,7 +636,7 @@ async fn a_body_that_can_be_sent_once_is_sent_once_and_costs_no_tokens() {
     let budget = RetryBudget::default();
     let client = client(
         RetryMiddleware::default()
-            .with_budget(budget.clone())
+            .with_shared_budget(budget.clone())
             .with_clock(ManualClock::default()),
     );
     // A streaming body (here a wrapped String) cannot be cloned for a second attempt.

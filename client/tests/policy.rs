@@ -697,3 +697,226 @@ fn decorrelated_jitter_is_available_through_the_policy() {
     assert_eq!(got, p.backoff.schedule(7, 5));
     assert!(got.iter().all(|d| *d >= Duration::from_millis(500)));
 }
+
+/// Runs `outcomes` through one operation with the default budget, elapsed time advancing by
+/// each decided delay plus 50 ms per attempt, and returns every decision.
+fn run_operation(p: &RetryPolicy, budget: &RetryBudget, outcomes: &[Outcome]) -> Vec<Decision> {
+    run_operation_counted(p, budget, outcomes).0
+}
+
+/// [`run_operation`], and the attempts that counted against the cap.
+fn run_operation_counted(
+    p: &RetryPolicy,
+    budget: &RetryBudget,
+    outcomes: &[Outcome],
+) -> (Vec<Decision>, u32) {
+    let mut state = RetryState::seeded(SEED);
+    let mut elapsed = Duration::ZERO;
+    let mut out = Vec::new();
+    for o in outcomes {
+        elapsed += Duration::from_millis(50);
+        let d = p.decide(&mut state, post_with_key(), o, elapsed, Some(budget));
+        if let Decision::Retry(plan) = &d {
+            elapsed += plan.delay;
+        }
+        out.push(d);
+    }
+    (out, state.counted_attempts())
+}
+
+// clause: idem.client.max-attempts, idem.client.retry-after, idem.client.budget
+#[test]
+fn a_crash_and_restart_fit_in_the_attempt_cap_refused_and_in_flight_answers_do_not_count() {
+    // The crash scenario of issue 22: the attempt in flight is lost (the server was killed),
+    // three retries are refused while it restarts, the next finds the dead holder's key in
+    // flight and is told to come back after its lease; that retry gets the 201.
+    let in_use = response(
+        409,
+        Some(Duration::from_secs(10)),
+        Some("idempotency_key_in_use"),
+    );
+    let outcomes = [
+        Outcome::ConnectionLost,
+        Outcome::ConnectError,
+        Outcome::ConnectError,
+        Outcome::ConnectError,
+        in_use.clone(),
+        Outcome::status(201),
+    ];
+    let budget = RetryBudget::default();
+    let (decisions, counted) = run_operation_counted(&policy(), &budget, &outcomes);
+    // Six requests sent, two that the server may have executed: the lost one and the 201.
+    assert_eq!(counted, 2);
+    let reasons: Vec<RetryReason> = decisions
+        .iter()
+        .filter_map(|d| match d {
+            Decision::Retry(plan) => Some(plan.reason),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            RetryReason::ConnectionLost,
+            RetryReason::ConnectError,
+            RetryReason::ConnectError,
+            RetryReason::ConnectError,
+            RetryReason::KeyInUse
+        ]
+    );
+    assert_eq!(decisions.last(), Some(&Decision::Done));
+    // The in-flight retry waited the server's hint.
+    match &decisions[4] {
+        Decision::Retry(plan) => assert!(plan.delay >= Duration::from_secs(10)),
+        other => panic!("{other:?}"),
+    }
+    // Paid: four transient retries (14) and one throttling retry (5); the 201 refunds the last.
+    assert_eq!(budget.available(), 500 - 4 * 14 - 5 + 5);
+
+    // Under the old rule (every request against one cap of 3) the same operation gives up on
+    // the second refused connection, 1.2 s into a 2 s restart.
+    let old = RetryPolicy {
+        max_sends: 3,
+        ..policy()
+    };
+    let decisions = run_operation(&old, &RetryBudget::default(), &outcomes);
+    assert_eq!(
+        decisions[2],
+        Decision::Stop(StopReason::SendsExhausted { sends: 3 })
+    );
+
+    // Attempts the server may have executed still count: lost, 503, lost is three.
+    let decisions = run_operation(
+        &policy(),
+        &RetryBudget::default(),
+        &[
+            Outcome::ConnectionLost,
+            in_use.clone(),
+            Outcome::status(503),
+            Outcome::ConnectError,
+            Outcome::ConnectionLost,
+        ],
+    );
+    assert_eq!(
+        decisions[4],
+        Decision::Stop(StopReason::AttemptsExhausted { attempts: 3 })
+    );
+}
+
+// clause: idem.client.max-attempts, idem.client.budget
+#[test]
+fn free_retries_are_bounded_by_the_send_ceiling_the_budget_and_the_deadline() {
+    let in_use = response(
+        409,
+        Some(Duration::from_secs(1)),
+        Some("idempotency_key_in_use"),
+    );
+    // The ceiling: with an hour of deadline, ten sends.
+    let long = RetryPolicy {
+        deadline: Duration::from_secs(3600),
+        ..policy()
+    };
+    let d = run_operation(&long, &RetryBudget::default(), &vec![in_use.clone(); 12]);
+    assert_eq!(
+        d[9],
+        Decision::Stop(StopReason::SendsExhausted { sends: 10 })
+    );
+    // The budget: 30 tokens pay six throttling retries (5 each), not a seventh.
+    let poor = RetryBudget::new(BudgetConfig {
+        capacity: 30,
+        ..BudgetConfig::default()
+    });
+    let d = run_operation(&long, &poor, &vec![in_use.clone(); 12]);
+    assert_eq!(
+        d[6],
+        Decision::Stop(StopReason::BudgetExhausted {
+            cost: 5,
+            available: 0
+        })
+    );
+    // The deadline: a hint past what is left stops at once, however few attempts counted.
+    let late = response(
+        409,
+        Some(Duration::from_secs(40)),
+        Some("idempotency_key_in_use"),
+    );
+    let d = run_operation(&policy(), &RetryBudget::default(), &[late]);
+    assert!(matches!(
+        d[0],
+        Decision::Stop(StopReason::RetryAfterPastDeadline { .. })
+    ));
+}
+
+// clause: idem.client.allowlist
+#[test]
+fn a_caller_can_add_retryable_answers_under_the_same_gates() {
+    let p = policy()
+        .retry_status(425, RetryClass::Throttling)
+        .retry_problem_code(400, "vendor_try_again", RetryClass::Transient);
+    let decide = |facts: RequestFacts, o: &Outcome| {
+        p.decide(
+            &mut RetryState::seeded(SEED),
+            facts,
+            o,
+            Duration::ZERO,
+            Some(&RetryBudget::default()),
+        )
+    };
+    // 425 Too Early is retried, as a throttling retry.
+    match decide(post_with_key(), &Outcome::status(425)) {
+        Decision::Retry(plan) => {
+            assert_eq!(plan.reason, RetryReason::CallerListed);
+            assert_eq!(plan.class, RetryClass::Throttling);
+            assert_eq!(plan.cost, 5);
+        }
+        other => panic!("{other:?}"),
+    }
+    // The vendor code on a 400, and only that code.
+    assert!(matches!(
+        decide(post_with_key(), &problem(400, Some("vendor_try_again"), None)),
+        Decision::Retry(plan) if plan.class == RetryClass::Transient
+    ));
+    assert_eq!(
+        decide(post_with_key(), &problem(400, Some("bad_amount"), None)),
+        Decision::Stop(StopReason::NotRetryable { status: Some(400) })
+    );
+    // The gates still hold: no key on a POST, or a problem saying "retryable": false.
+    assert_eq!(
+        decide(post_without_key(), &Outcome::status(425)),
+        Decision::Stop(StopReason::NonIdempotentWithoutKey)
+    );
+    assert_eq!(
+        decide(post_with_key(), &problem(425, None, Some(false))),
+        Decision::Stop(StopReason::ProblemNotRetryable { status: 425 })
+    );
+    // The middleware reads the body of an added status to find its code.
+    assert!(p.reads_problem(400) && p.reads_problem(425));
+    assert!(!policy().reads_problem(400) && !policy().reads_problem(425));
+    // The default policy is unchanged: 425 is final there.
+    assert_eq!(
+        policy().decide(
+            &mut RetryState::seeded(SEED),
+            post_with_key(),
+            &Outcome::status(425),
+            Duration::ZERO,
+            None
+        ),
+        Decision::Stop(StopReason::NotRetryable { status: Some(425) })
+    );
+}
+
+// clause: idem.client.no-key-no-retry
+#[test]
+fn query_is_idempotent_and_retried_without_a_key() {
+    assert!(RequestFacts::new("QUERY", false).idempotent_method);
+    assert!(matches!(
+        policy().decide(
+            &mut RetryState::seeded(SEED),
+            RequestFacts::new("QUERY", false),
+            &Outcome::ConnectionLost,
+            Duration::ZERO,
+            None
+        ),
+        Decision::Retry(_)
+    ));
+}

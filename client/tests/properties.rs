@@ -85,13 +85,24 @@ proptest! {
         let facts = RequestFacts::new(if post { "POST" } else { "GET" }, has_key);
         let mut state = RetryState::seeded(seed);
         let mut elapsed = Duration::ZERO;
-        let mut attempts = 0;
+        // Requests sent, and those the server may have executed (all but refused connections
+        // and 409s in flight), which alone count against the cap.
+        let (mut sends, mut counted) = (0, 0);
         for (i, out) in outcomes.iter().enumerate() {
-            attempts += 1;
+            sends += 1;
+            // (A cap of 1 turns every retry off, these included.)
+            let free = max_attempts > 1
+                && (matches!(out, Outcome::ConnectError)
+                    || matches!(out, Outcome::Response { status: 409, .. }));
+            if !free {
+                counted += 1;
+            }
             elapsed += Duration::from_millis(attempt_ms[i]);
             match p.decide(&mut state, facts, out, elapsed, Some(&budget)) {
                 Decision::Retry(plan) => {
-                    prop_assert!(attempts < max_attempts);
+                    prop_assert!(counted < max_attempts);
+                    prop_assert!(sends < p.max_sends);
+                    prop_assert_eq!(state.counted_attempts(), counted);
                     prop_assert!(elapsed + plan.delay < p.deadline);
                     prop_assert_eq!(plan.remaining_after_sleep, p.deadline - elapsed - plan.delay);
                     if let Some(h) = plan.retry_after { prop_assert!(plan.delay >= h); }
@@ -111,6 +122,11 @@ proptest! {
                 Decision::Stop(reason) => {
                     if let StopReason::AttemptsExhausted { attempts: a } = reason {
                         prop_assert_eq!(a, max_attempts);
+                        prop_assert_eq!(counted, max_attempts);
+                    }
+                    if let StopReason::SendsExhausted { sends: s } = reason {
+                        prop_assert_eq!(s, p.max_sends);
+                        prop_assert_eq!(sends, p.max_sends);
                     }
                     break;
                 }

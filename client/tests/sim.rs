@@ -22,6 +22,10 @@ fn committed_quick_sweep_and_outage_outputs_are_current() {
         sim::outage_artifacts(&outage::run(&outage::OutageConfig::default()))
             .expect("plots render"),
     );
+    artifacts.extend(
+        sim::outage_artifacts_named(&outage::run(&outage::OutageConfig::restart()), "restart")
+            .expect("plots render"),
+    );
     let stale = sim::stale(&book_sim_dir(), &artifacts);
     assert!(
         stale.is_empty(),

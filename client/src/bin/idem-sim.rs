@@ -36,6 +36,10 @@ struct Args {
     /// Override the runs per Brooker cell (default 100, as in the post).
     #[arg(long)]
     runs: Option<u32>,
+    /// Run, print and write (or check) only the outage and restart scenarios: seconds in a
+    /// debug build, where the full Brooker sweep takes many minutes.
+    #[arg(long)]
+    outages_only: bool,
 }
 
 fn default_threads() -> usize {
@@ -59,21 +63,30 @@ fn main() -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let t = Instant::now();
-    let b = brooker::run(&full, args.threads);
+    let mut artifacts = Vec::new();
+    if !args.outages_only {
+        let b = brooker::run(&full, args.threads);
+        println!("# Brooker 2015 (exponential backoff and jitter)\n");
+        println!("{}", brooker::markdown(&b));
+        artifacts.extend(sim::brooker_artifacts(&b, "brooker")?);
+    }
     let brooker_secs = t.elapsed().as_secs_f64();
-    println!("# Brooker 2015 (exponential backoff and jitter)\n");
-    println!("{}", brooker::markdown(&b));
 
     let t = Instant::now();
-    let quick = brooker::run(&brooker::BrookerConfig::quick(), args.threads);
+    if !args.outages_only {
+        let quick = brooker::run(&brooker::BrookerConfig::quick(), args.threads);
+        artifacts.extend(sim::brooker_artifacts(&quick, "quick/brooker")?);
+    }
     let o = outage::run(&outage::OutageConfig::default());
+    let restart = outage::run(&outage::OutageConfig::restart());
     let rest_secs = t.elapsed().as_secs_f64();
     println!("# Outage: retry amplification with and without a budget\n");
     println!("{}", outage::markdown(&o));
+    println!("# Restart: connections refused, with and without a budget\n");
+    println!("{}", outage::markdown(&restart));
 
-    let mut artifacts = sim::brooker_artifacts(&b, "brooker")?;
-    artifacts.extend(sim::brooker_artifacts(&quick, "quick/brooker")?);
     artifacts.extend(sim::outage_artifacts(&o)?);
+    artifacts.extend(sim::outage_artifacts_named(&restart, "restart")?);
     let total = started.elapsed().as_secs_f64();
     eprintln!(
         "simulated in {total:.1} s (Brooker sweep {brooker_secs:.1} s on {} thread(s), quick sweep + outage {rest_secs:.1} s)",

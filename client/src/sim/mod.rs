@@ -11,7 +11,9 @@
 //!   jitter is close in work but slower); decorrelated jitter does more work than full jitter
 //!   and, up to about 120 clients, finishes a little sooner. The same ordering as the post.
 //! - [`outage`]: an open-loop fleet facing a 10 s outage. An attempt cap multiplies the load on
-//!   the failing backend; a shared budget brings it back to about one attempt per call.
+//!   the failing backend; a shared budget brings it back to about one attempt per call. The
+//!   same fleet facing a restart (connections refused) shows that refusals, which no longer
+//!   spend the attempt cap, stay under the budget's bound.
 //!
 //! Outputs (Markdown tables and SVG plots) are committed under `book/src/sim/`; see
 //! [`brooker_artifacts`], [`outage_artifacts`] and the tests that keep them current.
@@ -92,6 +94,15 @@ pub fn brooker_artifacts(
 
 /// The table and load plot of an outage run: `outage.md`, `outage-load.svg`.
 pub fn outage_artifacts(results: &outage::OutageResults) -> Result<Vec<Artifact>, Error> {
+    outage_artifacts_named(results, "outage")
+}
+
+/// The table and load plot of an outage run, named `{name}.md` and `{name}-load.svg` (the
+/// restart scenario is `restart`).
+pub fn outage_artifacts_named(
+    results: &outage::OutageResults,
+    name: &str,
+) -> Result<Vec<Artifact>, Error> {
     let bin = results.config.bin.as_secs_f64();
     let chart = Chart {
         title: format!(
@@ -118,11 +129,11 @@ pub fn outage_artifacts(results: &outage::OutageResults) -> Result<Vec<Artifact>
     };
     Ok(vec![
         Artifact {
-            path: "outage.md".into(),
+            path: format!("{name}.md"),
             contents: outage::markdown(results),
         },
         Artifact {
-            path: "outage-load.svg".into(),
+            path: format!("{name}-load.svg"),
             contents: plot::render(&chart)?,
         },
     ])

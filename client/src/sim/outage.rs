@@ -14,6 +14,13 @@
 //! every attempt that reaches it during the outage and 200 otherwise; the calls are POSTs with
 //! an idempotency key, so every failure is retryable under the contract; the per-client budget
 //! (when on) is the default 500/14/5/1 bucket. Deterministic for a seed.
+//!
+//! A second failure mode, [`Failure::Refused`], is a server restarting: while it is down every
+//! connection is refused (the refusal comes back after one hop). A refused connection does not
+//! count against the attempt cap (see [`crate::policy`]), so there the budget, the deadline and
+//! the send ceiling are what bound a fleet; [`OutageConfig::budget_bound`] is the most load the
+//! budget lets through while the backend is down, and the tests check every budgeted fleet stays
+//! under it.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -32,6 +39,10 @@ pub struct OutageScenario {
     pub max_attempts: u32,
     /// Whether each client shares the default token bucket across its calls.
     pub budget: bool,
+    /// The ceiling on requests sent per call ([`RetryPolicy::max_sends`]); `None` keeps the
+    /// policy's default. Equal to `max_attempts`, it is the rule before issue 22: every request,
+    /// refused ones included, counted against one cap.
+    pub max_sends: Option<u32>,
 }
 
 impl OutageScenario {
@@ -40,8 +51,23 @@ impl OutageScenario {
             label: label.to_owned(),
             max_attempts,
             budget,
+            max_sends: None,
         }
     }
+
+    fn sends(mut self, max_sends: u32) -> Self {
+        self.max_sends = Some(max_sends);
+        self
+    }
+}
+
+/// What the backend does to attempts while it is down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Answers `503` (no `Retry-After`): up, but failing.
+    Unavailable,
+    /// Refuses the connection: down, restarting.
+    Refused,
 }
 
 /// Parameters of the outage scenario.
@@ -65,6 +91,8 @@ pub struct OutageConfig {
     pub net_sd_ms: f64,
     /// Seed.
     pub seed: u64,
+    /// What the backend does while down.
+    pub failure: Failure,
     /// Fleets to compare.
     pub scenarios: Vec<OutageScenario>,
 }
@@ -82,6 +110,7 @@ impl Default for OutageConfig {
             net_mean_ms: 10.0,
             net_sd_ms: 2.0,
             seed: 2022,
+            failure: Failure::Unavailable,
             scenarios: vec![
                 OutageScenario::new("no retries", 1, false),
                 OutageScenario::new("3 attempts", 3, false),
@@ -94,10 +123,43 @@ impl Default for OutageConfig {
 }
 
 impl OutageConfig {
+    /// The same fleet facing a restart: connections refused for 2 s, from 10 s to 12 s. The
+    /// first fleet is the rule before issue 22 (every request counted against a cap of 3); the
+    /// others are today's policy (refused connections not counted), with and without the
+    /// budget.
+    pub fn restart() -> Self {
+        Self {
+            failure: Failure::Refused,
+            outage_len: Duration::from_secs(2),
+            scenarios: vec![
+                OutageScenario::new("no retries", 1, false),
+                OutageScenario::new("3 sends + budget (before)", 3, true).sends(3),
+                OutageScenario::new("3 attempts + budget (now)", 3, true),
+                OutageScenario::new("3 attempts, no budget (now)", 3, false),
+            ],
+            ..Self::default()
+        }
+    }
+
+    /// The most attempts per second the budget lets reach the backend while it is down: the
+    /// calls themselves, plus what a full bucket of every client pays for at the cheapest
+    /// retry this failure costs (nothing succeeds, so nothing is refunded).
+    pub fn budget_bound(&self) -> f64 {
+        let config = crate::budget::BudgetConfig::default();
+        // 503 without Retry-After and a refused connection are both transient retries.
+        let retries_per_client = f64::from(config.capacity / config.transient_cost);
+        f64::from(self.clients) * self.rate_per_client
+            + f64::from(self.clients) * retries_per_client / self.outage_len.as_secs_f64()
+    }
+
     /// One line describing the parameters.
     pub fn describe(&self) -> String {
+        let failure = match self.failure {
+            Failure::Unavailable => "returns 503",
+            Failure::Refused => "refuses connections (restarting)",
+        };
         format!(
-            "{} clients x {} calls/s for {} s; backend returns 503 from {} s to {} s; every hop |Normal({} ms, sd {} ms)|; default policy (full jitter 500 ms / 20 s, deadline 30 s) with the attempt cap shown; budget = one 500/14/5/1 bucket per client; seed {}",
+            "{} clients x {} calls/s for {} s; backend {failure} from {} s to {} s; every hop |Normal({} ms, sd {} ms)|; default policy (full jitter 500 ms / 20 s, deadline 30 s, at most 10 requests sent) with the attempt cap shown; budget = one 500/14/5/1 bucket per client; seed {}",
             self.clients,
             self.rate_per_client,
             self.duration.as_secs_f64(),
@@ -184,9 +246,11 @@ fn run_scenario(config: &OutageConfig, scenario: &OutageScenario) -> ScenarioRes
     // Arrivals come from their own stream, so every scenario faces exactly the same calls.
     let mut arrivals = SplitMix64::new(SplitMix64::derive(config.seed, 0));
     let mut rng = SplitMix64::new(SplitMix64::derive(config.seed, 1));
+    let defaults = RetryPolicy::default();
     let policy = RetryPolicy {
         max_attempts: scenario.max_attempts,
-        ..RetryPolicy::default()
+        max_sends: scenario.max_sends.unwrap_or(defaults.max_sends),
+        ..defaults
     };
     let facts = RequestFacts::new("POST", true);
     let budgets: Vec<Option<RetryBudget>> = (0..config.clients)
@@ -236,7 +300,11 @@ fn run_scenario(config: &OutageConfig, scenario: &OutageScenario) -> ScenarioRes
             }
             Kind::Reply(up) => {
                 let call = &mut calls[id];
-                let outcome = Outcome::status(if up { 200 } else { 503 });
+                let outcome = match (up, config.failure) {
+                    (true, _) => Outcome::status(200),
+                    (false, Failure::Unavailable) => Outcome::status(503),
+                    (false, Failure::Refused) => Outcome::ConnectError,
+                };
                 let elapsed = Duration::from_micros(t - call.start_us);
                 let budget = budgets[call.client as usize].as_ref();
                 match policy.decide(&mut call.state, facts, &outcome, elapsed, budget) {
@@ -302,6 +370,11 @@ pub fn markdown(results: &OutageResults) -> String {
         ));
     }
     out.push_str("<!-- ANCHOR_END: outage -->\n");
+    out.push_str(&format!(
+        "\nThe budget's bound while the backend is down: {:.0} attempts/s (the calls, plus a full \
+         bucket per client spent on 14-token retries over the outage).\n",
+        results.config.budget_bound()
+    ));
     out
 }
 
@@ -350,5 +423,59 @@ mod tests {
         assert!(budget.outage_load < 0.6 * capped.outage_load);
         assert!(many_budget.attempts < many.attempts / 2);
         assert!(budget.refused_by_budget > 0);
+    }
+
+    // clause: idem.client.budget, idem.client.max-attempts
+    #[test]
+    fn during_a_restart_the_budget_bounds_the_fleet_although_refusals_do_not_spend_the_cap() {
+        let config = OutageConfig {
+            clients: 10,
+            duration: Duration::from_secs(30),
+            ..OutageConfig::restart()
+        };
+        let r = run(&config);
+        let by = |label: &str| {
+            r.scenarios
+                .iter()
+                .find(|s| s.scenario.label == label)
+                .expect("scenario present")
+        };
+        let none = by("no retries");
+        let before = by("3 sends + budget (before)");
+        let now = by("3 attempts + budget (now)");
+        let unbudgeted = by("3 attempts, no budget (now)");
+        // Not counting refusals gives up on no more calls than the old cap did…
+        assert!(now.succeeded >= before.succeeded);
+        // …and the load while the backend is down stays under the budget's bound, no higher
+        // than under the old rule.
+        let bound = config.budget_bound();
+        for s in [before, now] {
+            assert!(
+                s.outage_load <= bound,
+                "{}: {} > {bound}",
+                s.scenario.label,
+                s.outage_load
+            );
+        }
+        assert!(now.outage_load <= before.outage_load * 1.05);
+        // Every retry was paid: at most a full bucket per client, plus refunds of successes.
+        assert!(now.attempts - now.calls <= u64::from(config.clients) * 35 + now.succeeded);
+        // Without a budget, nothing but the deadline and the send ceiling holds refusals back.
+        assert!(unbudgeted.attempts > now.attempts);
+        assert_eq!(none.attempts, none.calls);
+    }
+
+    // clause: idem.client.budget
+    #[test]
+    fn the_budgeted_fleets_stay_under_the_budgets_bound_during_a_503_outage() {
+        let config = small();
+        let r = run(&config);
+        for s in r.scenarios.iter().filter(|s| s.scenario.budget) {
+            assert!(
+                s.outage_load <= config.budget_bound(),
+                "{}",
+                s.scenario.label
+            );
+        }
     }
 }

@@ -42,6 +42,8 @@ pub struct Script {
     pub answers: Vec<Answer>,
     /// The `Idempotency-Key` of every request received, in order.
     pub seen_keys: Vec<Option<String>>,
+    /// The `Attempt-Count` header of every request received, in order.
+    pub seen_attempts: Vec<Option<String>>,
 }
 
 pub type Shared = Arc<Mutex<Script>>;
@@ -53,6 +55,11 @@ async fn handler(State(script): State<Shared>, headers: HeaderMap) -> Response {
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     s.seen_keys.push(key);
+    let attempt = headers
+        .get("attempt-count")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    s.seen_attempts.push(attempt);
     let a = if s.answers.is_empty() {
         answer(200)
     } else {
@@ -84,7 +91,7 @@ async fn handler(State(script): State<Shared>, headers: HeaderMap) -> Response {
 pub async fn serve(answers: Vec<Answer>) -> (String, Shared) {
     let script: Shared = Arc::new(Mutex::new(Script {
         answers,
-        seen_keys: Vec::new(),
+        ..Script::default()
     }));
     let app = Router::new()
         .route("/orders", any(handler))
