@@ -15,6 +15,7 @@ use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderName, Request, Response};
 use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
+use tracing::Instrument;
 
 use crate::engine::Engine;
 use crate::error::Error;
@@ -151,6 +152,21 @@ where
         let inner = self.inner.clone();
         let engine = self.engine.clone();
         let headers = self.replay_headers.clone();
-        Box::pin(async move { Ok(engine.handle(req, inner, &headers).await) })
+        // The route template (never the raw path, which may carry ids):
+        // axum's router puts it in the extensions before the route runs.
+        let route = req
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+        let span = crate::metrics::request_span(&route, req.headers(), req.extensions().get());
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let response = engine
+                .handle(req, inner, &headers)
+                .instrument(span.clone())
+                .await;
+            crate::metrics::finish(&span, &route, started, &response);
+            Ok(response)
+        })
     }
 }

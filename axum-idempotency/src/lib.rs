@@ -107,7 +107,8 @@
 //! - [`key`]: [`Caller`], [`KeyId`], [`Fence`]; [`clock`]: where time comes
 //!   from; [`failpoint`]: crash/pause/fail hooks for tests, off unless the
 //!   application opts in ([`Engine::with_failpoints`]);
-//! - [`error`]: [`Error`], and how it becomes problem+json.
+//! - [`error`]: [`Error`], and how it becomes problem+json;
+//! - [`metrics`]: the metrics and the per-request span (the list is below).
 
 pub mod clock;
 pub mod decide;
@@ -117,6 +118,7 @@ pub mod failpoint;
 pub mod jobs;
 pub mod key;
 pub mod layer;
+pub mod metrics;
 pub mod migrate;
 pub mod multistep;
 pub mod reaper;
