@@ -112,9 +112,42 @@ pub const ALL: &[&str] = &[
     REAPER_EXPIRED_OLDEST_AGE,
 ];
 
-/// Registers units and help texts with the installed recorder. Call once
-/// after installing it (exporters show them as `# HELP`); harmless twice.
+/// Registers units and help texts with the installed recorder (exporters
+/// show them as `# HELP`), and the counters whose labels are known in
+/// advance at zero: a counter that first appears at 1 has no earlier
+/// sample, so `increase()` and `rate()` would never see its first
+/// increment, and the fence-loss alarm would miss the first fence loss.
+/// Call once after installing the recorder; harmless twice.
 pub fn describe() {
+    for name in [
+        FENCE_LOST_TOTAL,
+        TAKEOVERS_TOTAL,
+        REAPER_DELETED_TOTAL,
+        REAPER_UNFINISHED_TOTAL,
+    ] {
+        metrics::counter!(name).absolute(0);
+    }
+    for result in ["finished", "unfinished"] {
+        metrics::counter!(COMPLETER_RESUMPTIONS_TOTAL, "result" => result).absolute(0);
+    }
+    for result in ["ok", "error"] {
+        metrics::counter!(COMPLETER_PASSES_TOTAL, "result" => result).absolute(0);
+        metrics::counter!(REAPER_PASSES_TOTAL, "result" => result).absolute(0);
+    }
+    for kind in [
+        "timeout",
+        "unreachable",
+        "locked",
+        "disk_full",
+        "read_only",
+        "other",
+    ] {
+        metrics::counter!(STORE_ERRORS_TOTAL, "kind" => kind).absolute(0);
+    }
+    describe_only();
+}
+
+fn describe_only() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(
         REQUESTS_TOTAL,
@@ -194,15 +227,15 @@ pub enum Outcome {
     KeyInvalid,
     /// 503: the key store is unavailable; nothing claimed.
     StoreUnavailable,
-    /// The endpoint answered 5xx: not stored, the key released.
+    /// A 5xx, from the endpoint or the engine itself (a database error
+    /// that is not the store's availability, an endpoint past its lease):
+    /// not stored, the key released, a retry with the same key is safe.
     ServerErrorReleased,
     /// This worker's lease was taken over; its writes were refused.
     Fenced,
     /// Refused before the claim for another reason (no caller, a body too
     /// large or unreadable, a bad failpoint header).
     Rejected,
-    /// The engine itself failed (500); nothing stored.
-    InternalError,
 }
 
 impl Outcome {
@@ -219,12 +252,11 @@ impl Outcome {
             Self::ServerErrorReleased => "server_error_released",
             Self::Fenced => "fenced",
             Self::Rejected => "rejected",
-            Self::InternalError => "internal_error",
         }
     }
 
     /// Every outcome, in label order.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 10] = [
         Self::Executed,
         Self::Replayed,
         Self::InFlight,
@@ -235,7 +267,6 @@ impl Outcome {
         Self::ServerErrorReleased,
         Self::Fenced,
         Self::Rejected,
-        Self::InternalError,
     ];
 
     /// The outcome an engine error is answered with.
@@ -252,7 +283,7 @@ impl Outcome {
             | Error::PayloadTooLarge { .. }
             | Error::Failpoint(_) => Self::Rejected,
             Error::Store(_) | Error::Migrate(_) | Error::Config(_) | Error::Internal(_) => {
-                Self::InternalError
+                Self::ServerErrorReleased
             }
         }
     }
@@ -510,7 +541,7 @@ mod tests {
         );
         assert_eq!(
             Outcome::of_error(&Error::Store(sqlx::Error::RowNotFound)),
-            Outcome::InternalError
+            Outcome::ServerErrorReleased
         );
         assert_eq!(Outcome::of_error(&Error::Fenced), Outcome::Fenced);
     }

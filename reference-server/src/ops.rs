@@ -83,6 +83,17 @@ pub fn install() -> Option<&'static PrometheusHandle> {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge};
+    metrics::counter!(CAP_REACHED).absolute(0);
+    for reason in [
+        "client",
+        "error",
+        "header_timeout",
+        "idle_timeout",
+        "reclaimed_at_cap",
+        "shutdown",
+    ] {
+        metrics::counter!(CONNECTIONS_CLOSED, "reason" => reason).absolute(0);
+    }
     describe_gauge!(CONNECTIONS_OPEN, "Client connections open now.");
     describe_counter!(CONNECTIONS_ACCEPTED, "Client connections accepted.");
     describe_counter!(
