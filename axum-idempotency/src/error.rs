@@ -205,7 +205,13 @@ impl StoreFault {
             | sqlx::Error::WorkerCrashed => Some(Self::Unreachable),
             sqlx::Error::Database(db) => {
                 let code = db.code()?;
-                if let Ok(n) = code.parse::<i64>() {
+                // Asked of the driver, not guessed from the code: many
+                // SQLSTATEs are all digits too ("25006" read-only, "53100"
+                // disk full) and would read as SQLite codes.
+                let postgres = db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .is_some();
+                if !postgres && let Ok(n) = code.parse::<i64>() {
                     // SQLite: (extended) result codes; the primary code is
                     // the low byte.
                     match n & 0xff {
