@@ -84,6 +84,9 @@ pub fn install() -> Option<&'static PrometheusHandle> {
 fn describe() {
     use metrics::{describe_counter, describe_gauge};
     metrics::counter!(CAP_REACHED).absolute(0);
+    for kind in ["out_of_files", "other"] {
+        metrics::counter!(ACCEPT_ERRORS, "kind" => kind).absolute(0);
+    }
     for reason in [
         "client",
         "error",

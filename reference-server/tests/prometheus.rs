@@ -294,6 +294,106 @@ impl Client {
     }
 }
 
+/// The metric names in a PromQL expression: identifiers that start one of
+/// the families the rules and the dashboard draw on.
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut word = String::new();
+    for ch in expr.chars().chain(std::iter::once(' ')) {
+        if ch.is_ascii_alphanumeric() || ch == '_' {
+            word.push(ch);
+            continue;
+        }
+        if word.starts_with("idem_") || word.starts_with("process_") {
+            out.push(std::mem::take(&mut word));
+        }
+        word.clear();
+    }
+    out
+}
+
+/// Checks `ops/prometheus/idem-alerts.yml` and
+/// `ops/grafana/idem-dashboard.json` against what Prometheus scraped.
+async fn check_rules_and_dashboard(prom: &Prometheus) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let rules = std::fs::read_to_string(root.join("ops/prometheus/idem-alerts.yml")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("ops/grafana/idem-dashboard.json")).unwrap(),
+    )
+    .expect("the dashboard is valid JSON");
+    let mut exprs: Vec<String> = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            // Grafana's variables, as Grafana would fill them in.
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "1m")
+                .replace("$job", "idem");
+            exprs.push(expr);
+        }
+    }
+    assert!(exprs.len() >= 10, "the dashboard has its panels");
+    let dashboard_exprs = exprs.len();
+    // The rules file's expressions (one-line or folded `|` blocks).
+    let mut lines = rules.lines().peekable();
+    while let Some(line) = lines.next() {
+        let Some(rest) = line.trim_start().strip_prefix("expr:") else {
+            continue;
+        };
+        let indent = line.len() - line.trim_start().len();
+        let mut expr = rest.trim().to_owned();
+        if expr == "|" {
+            expr.clear();
+            while let Some(next) = lines.peek() {
+                if next.len() - next.trim_start().len() <= indent {
+                    break;
+                }
+                expr.push(' ');
+                expr.push_str(next.trim());
+                lines.next();
+            }
+        }
+        exprs.push(expr);
+    }
+    assert!(exprs.len() >= dashboard_exprs + 7, "every alert rule read");
+    let v: serde_json::Value = prom
+        .http
+        .get(format!("{}/api/v1/label/__name__/values", prom.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let exposed: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap())
+        .collect();
+    for expr in &exprs {
+        for name in metric_names(expr) {
+            assert!(
+                exposed.contains(&name.as_str()),
+                "{name} (in `{expr}`) is not a series the server exposes"
+            );
+        }
+        // Valid PromQL: the query API accepts it.
+        let _ = prom.query(expr).await;
+    }
+}
+
+#[test]
+fn metric_names_are_read_from_promql() {
+    assert_eq!(
+        metric_names(
+            "sum(rate(idem_a_total{job=\"idem\",x=\"y\"}[1m])) / process_open_fds > 0 and on (job) idem_b"
+        ),
+        ["idem_a_total", "process_open_fds", "idem_b"]
+    );
+}
+
 fn req(route: &str, outcome: &str) -> String {
     format!("sum(idem_requests_total{{job=\"idem\",route=\"{route}\",outcome=\"{outcome}\"}})")
 }
@@ -418,6 +518,10 @@ async fn prometheus_counts_exactly_the_scripted_traffic() {
         );
         assert!(prom.value(&q).await.unwrap_or(0.0) >= 3.0, "{q}");
     }
+
+    // Every series the alert rules and the dashboard name is one this
+    // server exposes, and every dashboard query is valid PromQL.
+    check_rules_and_dashboard(&prom).await;
 
     // kill -9 with a payment's intent committed, right before its call.
     let b = {
