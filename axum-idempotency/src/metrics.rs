@@ -51,7 +51,7 @@
 //! key nor the caller can be read from it), `outcome` and `recovery_point`
 //! (the last committed one, `finished` once stored). Events the engine logs
 //! while serving the request are inside it. With the `otel` feature,
-//! [`otel`] re-exports `tracing-opentelemetry` and `opentelemetry` so the
+//! `metrics::otel` re-exports `tracing-opentelemetry` and `opentelemetry` so the
 //! application can add `tracing_opentelemetry::layer()` to its subscriber
 //! and the span becomes an OpenTelemetry span.
 
@@ -405,7 +405,7 @@ pub fn completer_pass(ok: bool) {
     metrics::counter!(COMPLETER_PASSES_TOTAL, "result" => result).increment(1);
 }
 
-/// Sets the orphaned-key gauges from a [`Backlog`](crate::store::Backlog)
+/// Sets the orphaned-key gauges from an [`Orphans`](crate::store::Orphans)
 /// measured at `now` (milliseconds).
 pub fn orphans(count: u64, oldest_lease_end: Option<i64>, now: i64) {
     metrics::gauge!(ORPHANED_KEYS).set(count as f64);
