@@ -79,7 +79,7 @@ pub enum Error {
     /// A database call failed. Rendered as 500 without the driver's text,
     /// or as 503 `upstream_unavailable` when it is a [`StoreFault`].
     #[error("database error{suffix}: {0}", suffix = fault_suffix(.0))]
-    Store(#[from] sqlx::Error),
+    Store(#[source] sqlx::Error),
     /// Applying the key table's migrations failed.
     #[error("migration failed: {0}")]
     Migrate(String),
@@ -146,7 +146,22 @@ impl Error {
     /// The response for this error under `profile`: a problem document,
     /// plus `Retry-After` where the error has one.
     pub fn into_response_in(self, profile: Profile) -> Response {
-        problem_response(&self.to_problem(profile), self.retry_after_secs(), &self)
+        let mut response =
+            problem_response(&self.to_problem(profile), self.retry_after_secs(), &self);
+        // What the metrics count this answer as (crate::metrics::Outcome::of_response).
+        response
+            .extensions_mut()
+            .insert(crate::metrics::Outcome::of_error(&self));
+        response
+    }
+}
+
+/// Every driver error enters the library here (`?`), so each is counted
+/// once in `idem_store_errors_total` by kind.
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        crate::metrics::store_error(&e);
+        Self::Store(e)
     }
 }
 
@@ -190,7 +205,13 @@ impl StoreFault {
             | sqlx::Error::WorkerCrashed => Some(Self::Unreachable),
             sqlx::Error::Database(db) => {
                 let code = db.code()?;
-                if let Ok(n) = code.parse::<i64>() {
+                // Asked of the driver, not guessed from the code: many
+                // SQLSTATEs are all digits too ("25006" read-only, "53100"
+                // disk full) and would read as SQLite codes.
+                let postgres = db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .is_some();
+                if !postgres && let Ok(n) = code.parse::<i64>() {
                     // SQLite: (extended) result codes; the primary code is
                     // the low byte.
                     match n & 0xff {

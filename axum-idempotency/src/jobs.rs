@@ -26,6 +26,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use crate::clock::Clock;
 use crate::error::Result;
 use crate::multistep::MultiStepEndpoint;
@@ -85,21 +87,34 @@ pub async fn complete_pass<K: KeyStore>(
         };
         tracing::info!(key = %key.id, recovery_point = %key.recovery_point,
             "completer: resuming an abandoned request");
-        match endpoint.complete(key).await {
+        // The completer's own span: the recovery points it commits land on it.
+        let span = tracing::info_span!(
+            "idem.complete",
+            key_hash = %crate::metrics::key_hash(key.id.caller().as_str(), key.id.key().as_str()),
+            recovery_point = %key.recovery_point,
+        );
+        let finished = match endpoint.complete(key).instrument(span).await {
             Ok(Some(response)) if endpoint.engine().is_final(response.status().as_u16()) => {
                 report.finished += 1;
                 tracing::info!(key = %key.id, status = response.status().as_u16(), "completer: finished");
+                true
             }
             Ok(Some(response)) => {
                 report.unfinished += 1;
                 tracing::warn!(key = %key.id, status = response.status().as_u16(), "completer: not finished; will retry");
+                false
             }
-            Ok(None) => report.unfinished += 1,
+            Ok(None) => {
+                report.unfinished += 1;
+                false
+            }
             Err(e) => {
                 report.unfinished += 1;
                 tracing::warn!(key = %key.id, error = %e, "completer: not finished; will retry");
+                false
             }
-        }
+        };
+        crate::metrics::completer_resumption(finished);
     }
     Ok(report)
 }
@@ -121,9 +136,24 @@ pub async fn run_completer<K: KeyStore>(
         let grace = endpoints
             .first()
             .map_or(Duration::ZERO, |e| e.engine().config().completer_grace);
-        if let Err(e) = complete_pass(&store, clock.as_ref(), &endpoints, grace).await {
+        let pass = complete_pass(&store, clock.as_ref(), &endpoints, grace).await;
+        crate::metrics::completer_pass(pass.is_ok());
+        if let Err(e) = pass {
             tracing::error!(error = %e, "completer pass failed");
         }
+        measure_orphans(&store, clock.as_ref()).await;
+    }
+}
+
+/// Sets the orphaned-key gauges (`idem_orphaned_keys`, its oldest age) from
+/// one aggregate read, as the completer's loop does after every pass. A
+/// failed read leaves the gauges as they were (and is counted as a store
+/// error).
+pub async fn measure_orphans<K: KeyStore>(store: &K, clock: &dyn Clock) {
+    let now = clock.now_ms();
+    match store.orphans(now).await {
+        Ok(o) => crate::metrics::orphans(o.count, o.oldest_lease_end, now),
+        Err(e) => tracing::warn!(error = %e, "completer: counting orphaned keys failed"),
     }
 }
 

@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 
 use axum::body::Body;
 use axum::http::{HeaderName, Request, Response};
+use tracing::Instrument;
 
 use crate::engine::Engine;
 use crate::store::KeyStore;
@@ -88,6 +89,21 @@ where
         let inner = self.inner.clone();
         let engine = self.engine.clone();
         let headers = self.replay_headers.clone();
-        Box::pin(async move { Ok(engine.handle(req, inner, &headers).await) })
+        // The route template (never the raw path, which may carry ids):
+        // axum's router puts it in the extensions before the route runs.
+        let route = req
+            .extensions()
+            .get::<axum::extract::MatchedPath>()
+            .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+        let span = crate::metrics::request_span(&route, req.headers(), req.extensions().get());
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            let response = engine
+                .handle(req, inner, &headers)
+                .instrument(span.clone())
+                .await;
+            crate::metrics::finish(&span, &route, started, &response);
+            Ok(response)
+        })
     }
 }

@@ -107,6 +107,34 @@
 //!   key is in flight), so size the pool for the requests you run at once.
 //! - An endpoint whose write must come *before* slow work is a
 //!   [`multistep::MultiStep`]: each phase commits on its own.
+//! ## Operating it
+//!
+//! The engine emits through the [`metrics`](::metrics) facade (install any
+//! exporter; without one the calls cost nothing) and runs each request in
+//! an `idem.request` tracing span carrying a hash of the key, never the
+//! key. The metrics ([`metrics`] has units, labels and meaning):
+//!
+//! - `idem_requests_total{route,outcome}` and
+//!   `idem_request_duration_seconds{route,outcome}`: requests by
+//!   [`Outcome`](metrics::Outcome) (`executed`, `replayed`, `in_flight`,
+//!   `mismatch`, `key_missing`, `key_invalid`, `store_unavailable`,
+//!   `server_error_released`, `fenced`, `rejected`);
+//! - `idem_store_operation_duration_seconds{operation}` (observe, lookup,
+//!   claim, record_final, write_fenced, take_over) and
+//!   `idem_store_errors_total{kind}`;
+//! - `idem_fence_lost_total` (the duplicate side-effect alarm, zero by
+//!   design) and `idem_takeovers_total`;
+//! - `idem_completer_resumptions_total{result}`,
+//!   `idem_completer_passes_total{result}`, `idem_orphaned_keys` and
+//!   `idem_orphaned_key_oldest_age_seconds` (the orphaned-key measurement,
+//!   taken by the completer's loop after each pass);
+//! - `idem_reaper_deleted_total`, `idem_reaper_unfinished_deleted_total`,
+//!   `idem_reaper_passes_total{result}` and
+//!   `idem_reaper_expired_oldest_age_seconds` (taken by the reaper's loop).
+//!
+//! Call [`metrics::describe`] once after installing the exporter. The
+//! `otel` feature (off by default) re-exports `tracing-opentelemetry` for
+//! turning the spans into OpenTelemetry spans.
 //!
 //! ## Layout
 //!
@@ -127,7 +155,8 @@
 //! - [`key`]: [`Caller`], [`KeyId`], [`Fence`]; [`clock`]: where time comes
 //!   from; [`failpoint`]: crash/pause/fail hooks for tests, off unless the
 //!   application opts in ([`Engine::with_failpoints`]);
-//! - [`error`]: [`Error`], and how it becomes problem+json.
+//! - [`error`]: [`Error`], and how it becomes problem+json;
+//! - [`metrics`]: the metrics and the per-request span (the list is below).
 
 pub mod clock;
 mod config;
@@ -138,6 +167,7 @@ pub mod failpoint;
 pub mod jobs;
 pub mod key;
 pub mod layer;
+pub mod metrics;
 pub mod migrate;
 pub mod multistep;
 pub mod reaper;

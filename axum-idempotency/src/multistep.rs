@@ -102,6 +102,7 @@ use axum::http::{HeaderName, Request, Response};
 use axum::response::IntoResponse;
 use idem_spec::{IdempotencyKey, RecoveryPoint};
 use sha2::{Digest, Sha256};
+use tracing::Instrument;
 
 use crate::clock::Millis;
 use crate::engine::{Acted, Engine, Route};
@@ -411,6 +412,8 @@ impl<M> Driven<M> {
                 };
                 tracing::info!(fence = %t.fence, recovery_point = %t.recovery_point,
                     "took over an expired lease; resuming");
+                crate::metrics::takeover();
+                crate::metrics::recovery_point(t.recovery_point.as_str());
                 (t.fence, t.created_at, t.recovery_point, None)
             }
         };
@@ -469,6 +472,7 @@ impl<M> Driven<M> {
                     fresh = false;
                     req.pulse.committed();
                     tracing::info!(%fence, point = %next, "recovery point committed");
+                    crate::metrics::recovery_point(next.as_str());
                     point = next;
                     continue;
                 }
@@ -546,8 +550,20 @@ impl<K: KeyStore> MultiStepEndpoint<K> {
 
     /// Serves one request: replay, 409, or run/resume its phases.
     pub async fn handle(&self, req: Request<Body>) -> Response<Body> {
+        let started = std::time::Instant::now();
+        let span = crate::metrics::request_span(
+            &self.path,
+            req.headers(),
+            req.extensions().get::<Caller>(),
+        );
         let driver = self.driver.as_ref();
-        self.engine.handle_with(req, |_| Phased(driver)).await
+        let response = self
+            .engine
+            .handle_with(req, |_| Phased(driver))
+            .instrument(span.clone())
+            .await;
+        crate::metrics::finish(&span, &self.path, started, &response);
+        response
     }
 
     /// Whether a stored request belongs to this endpoint.

@@ -85,6 +85,7 @@ pub async fn reap_once_with<K: KeyStore>(
         };
         report.batches += 1;
         report.deleted += batch.deleted;
+        crate::metrics::reaped(batch.deleted, batch.unfinished.len() as u64);
         for u in batch.unfinished {
             tracing::debug!(key = %u.id, recovery_point = %u.recovery_point,
                 "reaper deleted an unfinished request past retention");
@@ -125,6 +126,17 @@ fn summarise(report: &ReapReport) {
     }
 }
 
+/// Sets `idem_reaper_expired_oldest_age_seconds` from one `MIN` read, as
+/// the reaper's loop does after every pass: 0 when everything due is
+/// deleted, growing when the reaper falls behind (or stopped running).
+pub async fn measure_lag<K: KeyStore>(store: &K, clock: &dyn Clock) {
+    let now = clock.now_ms();
+    match store.oldest_expired(now).await {
+        Ok(oldest) => crate::metrics::reaper_lag(oldest, now),
+        Err(e) => tracing::warn!(error = %e, "reaper: reading its backlog failed"),
+    }
+}
+
 /// Runs [`reap_once`] every `interval` until the task is dropped. Errors are
 /// logged and the next pass tries again.
 pub async fn run<K: KeyStore>(store: K, clock: std::sync::Arc<dyn Clock>, interval: Duration) {
@@ -142,8 +154,11 @@ pub async fn run_with<K: KeyStore>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        if let Err(e) = reap_once_with(&store, clock.as_ref(), &config).await {
+        let pass = reap_once_with(&store, clock.as_ref(), &config).await;
+        crate::metrics::reaper_pass(pass.is_ok());
+        if let Err(e) = pass {
             tracing::error!(error = %e, "reaper pass failed");
         }
+        measure_lag(&store, clock.as_ref()).await;
     }
 }

@@ -95,8 +95,9 @@ impl<K: KeyStore> IdemTx<K> {
     pub async fn lock(&self) -> Result<MappedMutexGuard<'_, K::Tx>, Error> {
         let mut slot = self.0.lock().await;
         if let Slot::Deferred(store) = &*slot {
-            let tx = store
-                .begin()
+            // On SQLite this is where a single-phase request waits for the
+            // one writer: its claim latency.
+            let tx = crate::metrics::timed(crate::metrics::Stage::Claim, store.begin())
                 .instrument(tracing::trace_span!("idem.begin"))
                 .await?;
             *slot = Slot::Open(tx);

@@ -33,6 +33,8 @@ pub struct App {
 /// Opens the pool, runs the library's migrations and the server's own,
 /// seeds the demo accounts of every caller and builds the router.
 pub async fn build(cli: &Cli) -> Result<App> {
+    // Before anything records: the process-wide Prometheus recorder.
+    crate::ops::install();
     let tokens = cli.token_map()?;
     let flaws = cli.flaw_set();
     let config = flaws.engine_config(cli.engine_config()?);
@@ -165,10 +167,13 @@ pub fn router(state: AppState) -> Router {
             "/healthz",
             get(|| async { axum::Json(serde_json::json!({"status": "ok"})) }),
         )
-        // Readiness: the store answers too (503 upstream_unavailable with
-        // Retry-After within the store timeout otherwise), so a load
-        // balancer sends traffic elsewhere during an outage.
-        .route("/readyz", get(readyz))
+        // Readiness: the store accepts a write (503 upstream_unavailable
+        // with Retry-After within the store timeout otherwise: down, full,
+        // read-only), so a load balancer sends traffic elsewhere.
+        .route("/readyz", get(crate::ops::readyz))
+        // Prometheus text (crate::ops): no keys, callers or bodies in it,
+        // but keep it off the public internet like any admin endpoint.
+        .route("/metrics", get(crate::ops::metrics_text))
         .route(
             "/openapi.json",
             get(move || {
@@ -199,20 +204,6 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn(move |req: Request, next: Next| {
             with_profile(profile, async move { next.run(req).await })
         }))
-}
-
-/// `GET /readyz`: 200 `{"status":"ready"}` when the store answers a
-/// `SELECT 1` within the store timeout, else the store's 503.
-async fn readyz(
-    axum::extract::State(state): axum::extract::State<AppState>,
-) -> Result<axum::Json<serde_json::Value>> {
-    match state.store.ping().await {
-        Ok(()) => Ok(axum::Json(serde_json::json!({"status": "ready"}))),
-        Err(e) => {
-            tracing::warn!(error = %e, "readiness: the store does not answer");
-            Err(Error::Idempotency(e))
-        }
-    }
 }
 
 /// Puts bearer authentication in front of every route of `routes` (and, in
@@ -273,6 +264,7 @@ pub async fn serve(cli: Cli) -> Result<()> {
         s.multistep.clone(),
         Duration::from_millis(cli.completer_interval_ms),
     ));
+    let upkeep = tokio::spawn(crate::ops::upkeep());
     let enqueuer = tokio::spawn(axum_idempotency::jobs::run_enqueuer(
         s.store.clone(),
         payments::Receipts::new(s.clock.clone()),
@@ -292,6 +284,7 @@ pub async fn serve(cli: Cli) -> Result<()> {
     reaper.abort();
     completer.abort();
     enqueuer.abort();
+    upkeep.abort();
     app.state.store.close().await;
     result.map_err(Error::Io)
 }

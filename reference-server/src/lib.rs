@@ -84,6 +84,7 @@ pub mod app;
 pub mod config;
 mod error;
 pub mod flaws;
+pub mod ops;
 pub mod processor;
 pub mod serve;
 

@@ -392,6 +392,20 @@ impl KeyStore for Store {
             Self::Postgres(s) => s.reap(now, limit).await,
         }
     }
+
+    async fn orphans(&self, now: Millis) -> Result<super::Orphans> {
+        match self {
+            Self::Sqlite(s) => s.orphans(now).await,
+            Self::Postgres(s) => s.orphans(now).await,
+        }
+    }
+
+    async fn oldest_expired(&self, now: Millis) -> Result<Option<Millis>> {
+        match self {
+            Self::Sqlite(s) => s.oldest_expired(now).await,
+            Self::Postgres(s) => s.oldest_expired(now).await,
+        }
+    }
 }
 
 impl StagedJobs for Store {

@@ -566,6 +566,25 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
     /// Deletes up to `limit` records past retention at `now`, oldest first,
     /// in one short transaction (one reaper batch; [`crate::reaper`] loops).
     fn reap(&self, now: Millis, limit: i64) -> impl Future<Output = Result<ReapBatch>> + Send;
+
+    /// The orphaned keys at `now`: what [`abandoned`](KeyStore::abandoned)
+    /// would return, counted, with the oldest lease end. One aggregate read
+    /// on the in-flight index (the completer measures it after each pass).
+    fn orphans(&self, now: Millis) -> impl Future<Output = Result<Orphans>> + Send;
+
+    /// The oldest retention end before `now` still in the table (`None`
+    /// when the reaper has deleted everything due): one `MIN` on the
+    /// retention index (the reaper measures it after each pass).
+    fn oldest_expired(&self, now: Millis) -> impl Future<Output = Result<Option<Millis>>> + Send;
+}
+
+/// The completer's queue at one moment ([`KeyStore::orphans`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Orphans {
+    /// Keys in flight with committed progress whose lease has ended.
+    pub count: u64,
+    /// The earliest lease end among them.
+    pub oldest_lease_end: Option<Millis>,
 }
 
 pub use ops::StagedJob;

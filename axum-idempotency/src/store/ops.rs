@@ -129,6 +129,15 @@ const ABANDONED_SQL: &str = "SELECT caller, idem_key, fingerprint, recovery_poin
        AND expires_at > $1 \
      ORDER BY lease_expires_at LIMIT $2";
 
+/// The completer's queue counted: the same predicate as [`ABANDONED_SQL`].
+const ORPHANS_SQL: &str = "SELECT COUNT(*), MIN(lease_expires_at) FROM idempotency_keys \
+     WHERE state = 'in_flight' AND recovery_point <> 'started' AND lease_expires_at <= $1 \
+       AND expires_at > $1";
+
+/// The oldest retention end the reaper has not deleted yet.
+const OLDEST_EXPIRED_SQL: &str =
+    "SELECT MIN(expires_at) FROM idempotency_keys WHERE expires_at <= $1";
+
 /// One reaper batch: at most `$2` records past retention, oldest first,
 /// deleted in one statement that says which ones (and which were still in
 /// flight), so the transaction that holds the table is short whatever the
@@ -317,6 +326,7 @@ macro_rules! ops {
             if updated == 1 {
                 Ok(())
             } else {
+                crate::metrics::fence_lost();
                 Err(Error::Fenced)
             }
         }
@@ -376,6 +386,24 @@ macro_rules! ops {
                 .await?
                 .rows_affected();
             Ok(updated == 1)
+        }
+
+        pub(crate) async fn orphans(c: &mut $conn, now: i64) -> Result<super::super::Orphans> {
+            let (count, oldest): (i64, Option<i64>) = sqlx::query_as(ORPHANS_SQL)
+                .bind(now)
+                .fetch_one(&mut *c)
+                .await?;
+            Ok(super::super::Orphans {
+                count: count.unsigned_abs(),
+                oldest_lease_end: oldest,
+            })
+        }
+
+        pub(crate) async fn oldest_expired(c: &mut $conn, now: i64) -> Result<Option<i64>> {
+            Ok(sqlx::query_scalar(OLDEST_EXPIRED_SQL)
+                .bind(now)
+                .fetch_one(&mut *c)
+                .await?)
         }
 
         pub(crate) async fn abandoned(

@@ -27,6 +27,7 @@ use super::{
 use crate::clock::Millis;
 use crate::error::Result;
 use crate::key::{Fence, KeyId};
+use crate::metrics::Stage;
 
 /// A [`KeyStore`] on a `PgPool`. Its transactions are plain
 /// `sqlx::Transaction<'static, Postgres>`: run queries on `&mut **tx`.
@@ -109,67 +110,79 @@ impl KeyStore for PgStore {
     }
 
     async fn lookup(&self, id: &KeyId) -> Result<Option<KeyRecord>> {
-        ops::pg::lookup(&mut *self.read().await?, id).await
+        crate::metrics::timed(Stage::Lookup, async {
+            ops::pg::lookup(&mut *self.read().await?, id).await
+        })
+        .await
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome<Self::Tx>> {
-        let mut tx = self.begin().await?;
-        let locked: bool = sqlx::query_scalar(ADVISORY_LOCK_SQL)
-            .bind(req.id.caller().as_str())
-            .bind(req.id.key().as_str())
-            .fetch_one(&mut *tx)
-            .await?;
-        if !locked {
-            tx.rollback().await?;
-            return Ok(ClaimOutcome::Busy);
-        }
-        match ops::pg::claim(&mut tx, req).await? {
-            Some(generation) => Ok(ClaimOutcome::Claimed(Claimed {
-                tx,
-                fence: req.id.fence(generation),
-            })),
-            None => {
+        crate::metrics::timed(Stage::Claim, async {
+            let mut tx = self.begin().await?;
+            let locked: bool = sqlx::query_scalar(ADVISORY_LOCK_SQL)
+                .bind(req.id.caller().as_str())
+                .bind(req.id.key().as_str())
+                .fetch_one(&mut *tx)
+                .await?;
+            if !locked {
                 tx.rollback().await?;
-                Ok(ClaimOutcome::Taken)
+                return Ok(ClaimOutcome::Busy);
             }
-        }
+            match ops::pg::claim(&mut tx, req).await? {
+                Some(generation) => Ok(ClaimOutcome::Claimed(Claimed {
+                    tx,
+                    fence: req.id.fence(generation),
+                })),
+                None => {
+                    tx.rollback().await?;
+                    Ok(ClaimOutcome::Taken)
+                }
+            }
+        })
+        .await
     }
 
     async fn observe(&self, id: &KeyId, now: Millis) -> Result<Observed<Self::Tx>> {
-        // BEGIN plus one statement. Its snapshot is taken before its lock,
-        // so a request that committed in between is not seen here: then
-        // the final claim-and-record finds its row and loses (the
-        // protocol's race, argued in the store docs).
-        let mut tx = self.begin().await?;
-        let (locked, record) = ops::pg::observe(&mut tx, id, now).await?;
-        if locked == Some(true) {
-            return Ok(Observed {
+        crate::metrics::timed(Stage::Observe, async {
+            // BEGIN plus one statement. Its snapshot is taken before its lock,
+            // so a request that committed in between is not seen here: then
+            // the final claim-and-record finds its row and loses (the
+            // protocol's race, argued in the store docs).
+            let mut tx = self.begin().await?;
+            let (locked, record) = ops::pg::observe(&mut tx, id, now).await?;
+            if locked == Some(true) {
+                return Ok(Observed {
+                    record,
+                    busy: false,
+                    tx: Some(tx),
+                });
+            }
+            self.rollback(tx).await?;
+            Ok(Observed {
                 record,
-                busy: false,
-                tx: Some(tx),
-            });
-        }
-        self.rollback(tx).await?;
-        Ok(Observed {
-            record,
-            busy: locked == Some(false),
-            tx: None,
+                busy: locked == Some(false),
+                tx: None,
+            })
         })
+        .await
     }
 
     async fn begin_single(&self, id: &KeyId) -> Result<SingleTx<Self::Tx>> {
-        let mut tx = self.begin().await?;
-        let locked: bool = sqlx::query_scalar(ADVISORY_LOCK_SQL)
-            .bind(id.caller().as_str())
-            .bind(id.key().as_str())
-            .fetch_one(&mut *tx)
-            .await?;
-        if locked {
-            Ok(SingleTx::Open(tx))
-        } else {
-            self.rollback(tx).await?;
-            Ok(SingleTx::Busy)
-        }
+        crate::metrics::timed(Stage::Claim, async {
+            let mut tx = self.begin().await?;
+            let locked: bool = sqlx::query_scalar(ADVISORY_LOCK_SQL)
+                .bind(id.caller().as_str())
+                .bind(id.key().as_str())
+                .fetch_one(&mut *tx)
+                .await?;
+            if locked {
+                Ok(SingleTx::Open(tx))
+            } else {
+                self.rollback(tx).await?;
+                Ok(SingleTx::Busy)
+            }
+        })
+        .await
     }
 
     async fn record_final(
@@ -179,7 +192,10 @@ impl KeyStore for PgStore {
         response: &StoredResponse,
         now: Millis,
     ) -> Result<Option<i64>> {
-        ops::pg::claim_final(tx, req, response, now).await
+        crate::metrics::timed(Stage::RecordFinal, async {
+            ops::pg::claim_final(tx, req, response, now).await
+        })
+        .await
     }
 
     async fn write_fenced(
@@ -189,7 +205,10 @@ impl KeyStore for PgStore {
         write: FencedWrite<'_>,
         now: Millis,
     ) -> Result<()> {
-        ops::pg::write_fenced(tx, fence, write, now).await
+        crate::metrics::timed(Stage::WriteFenced, async {
+            ops::pg::write_fenced(tx, fence, write, now).await
+        })
+        .await
     }
 
     async fn take_over(
@@ -199,10 +218,13 @@ impl KeyStore for PgStore {
         now: Millis,
         lease_expires_at: Millis,
     ) -> Result<Option<TakenOver>> {
-        let mut tx = self.begin().await?;
-        let taken = ops::pg::take_over(&mut tx, id, fingerprint, now, lease_expires_at).await?;
-        tx.commit().await?;
-        Ok(taken)
+        crate::metrics::timed(Stage::TakeOver, async {
+            let mut tx = self.begin().await?;
+            let taken = ops::pg::take_over(&mut tx, id, fingerprint, now, lease_expires_at).await?;
+            tx.commit().await?;
+            Ok(taken)
+        })
+        .await
     }
 
     async fn renew_lease(
@@ -233,6 +255,14 @@ impl KeyStore for PgStore {
         let report = ops::pg::reap(&mut tx, now, limit).await?;
         tx.commit().await?;
         Ok(report)
+    }
+
+    async fn orphans(&self, now: Millis) -> Result<super::Orphans> {
+        ops::pg::orphans(&mut *self.read().await?, now).await
+    }
+
+    async fn oldest_expired(&self, now: Millis) -> Result<Option<Millis>> {
+        ops::pg::oldest_expired(&mut *self.read().await?, now).await
     }
 }
 

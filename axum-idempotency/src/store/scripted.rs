@@ -12,7 +12,7 @@ use idem_spec::Fingerprint;
 
 use super::{
     AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
-    ReapBatch, SingleTx, StoredResponse, TakenOver,
+    Orphans, ReapBatch, SingleTx, StoredResponse, TakenOver,
 };
 use crate::clock::Millis;
 use crate::error::{Error, Result};
@@ -206,5 +206,13 @@ impl KeyStore for Scripted {
 
     async fn reap(&self, _now: Millis, _limit: i64) -> Result<ReapBatch> {
         Err(Self::unscripted("reap"))
+    }
+
+    async fn orphans(&self, _now: Millis) -> Result<Orphans> {
+        Err(Self::unscripted("orphans"))
+    }
+
+    async fn oldest_expired(&self, _now: Millis) -> Result<Option<Millis>> {
+        Err(Self::unscripted("oldest_expired"))
     }
 }

@@ -57,6 +57,7 @@ use super::{
 use crate::clock::Millis;
 use crate::error::{Error, Result};
 use crate::key::{Fence, KeyId};
+use crate::metrics::Stage;
 
 /// A [`KeyStore`] on a `SqlitePool`.
 #[derive(Debug, Clone)]
@@ -180,7 +181,7 @@ impl KeyStore for SqliteStore {
         // not held.
         let permit = tokio::time::timeout(self.gate_timeout, self.writer.clone().acquire_owned())
             .await
-            .map_err(|_| Error::Store(sqlx::Error::PoolTimedOut))?
+            .map_err(|_| Error::from(sqlx::Error::PoolTimedOut))?
             .map_err(|_| Error::Internal("SQLite writer gate closed".into()))?;
         let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         Ok(SqliteTx {
@@ -198,38 +199,47 @@ impl KeyStore for SqliteStore {
     }
 
     async fn lookup(&self, id: &KeyId) -> Result<Option<KeyRecord>> {
-        ops::sqlite::lookup(&mut *self.read().await?, id).await
+        crate::metrics::timed(Stage::Lookup, async {
+            ops::sqlite::lookup(&mut *self.read().await?, id).await
+        })
+        .await
     }
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome<SqliteTx>> {
-        // One writer at a time: holding the gate is what PostgreSQL's
-        // advisory lock gives (no second transaction can be inside this
-        // key's claim), so there is no Busy here; an in-process duplicate is
-        // answered by the engine's registry before it queues for the gate.
-        let mut tx = self.begin().await?;
-        match ops::sqlite::claim(&mut tx, req).await? {
-            Some(generation) => Ok(ClaimOutcome::Claimed(Claimed {
-                tx,
-                fence: req.id.fence(generation),
-            })),
-            None => {
-                tx.rollback().await?;
-                Ok(ClaimOutcome::Taken)
+        crate::metrics::timed(Stage::Claim, async {
+            // One writer at a time: holding the gate is what PostgreSQL's
+            // advisory lock gives (no second transaction can be inside this
+            // key's claim), so there is no Busy here; an in-process duplicate is
+            // answered by the engine's registry before it queues for the gate.
+            let mut tx = self.begin().await?;
+            match ops::sqlite::claim(&mut tx, req).await? {
+                Some(generation) => Ok(ClaimOutcome::Claimed(Claimed {
+                    tx,
+                    fence: req.id.fence(generation),
+                })),
+                None => {
+                    tx.rollback().await?;
+                    Ok(ClaimOutcome::Taken)
+                }
             }
-        }
+        })
+        .await
     }
 
     async fn observe(&self, id: &KeyId, _now: Millis) -> Result<Observed<SqliteTx>> {
-        // A plain read outside the writer: replays and mismatches never
-        // queue for it, and a first execution does not hold the writer one
-        // statement longer. A record committed after this read (by another
-        // process on the same file) is caught by the final
-        // claim-and-record, which then loses.
-        Ok(Observed {
-            record: self.lookup(id).await?,
-            busy: false,
-            tx: None,
+        crate::metrics::timed(Stage::Observe, async {
+            // A plain read outside the writer: replays and mismatches never
+            // queue for it, and a first execution does not hold the writer one
+            // statement longer. A record committed after this read (by another
+            // process on the same file) is caught by the final
+            // claim-and-record, which then loses.
+            Ok(Observed {
+                record: ops::sqlite::lookup(&mut *self.read().await?, id).await?,
+                busy: false,
+                tx: None,
+            })
         })
+        .await
     }
 
     async fn begin_single(&self, _id: &KeyId) -> Result<SingleTx<SqliteTx>> {
@@ -247,7 +257,10 @@ impl KeyStore for SqliteStore {
         response: &StoredResponse,
         now: Millis,
     ) -> Result<Option<i64>> {
-        ops::sqlite::claim_final(tx, req, response, now).await
+        crate::metrics::timed(Stage::RecordFinal, async {
+            ops::sqlite::claim_final(tx, req, response, now).await
+        })
+        .await
     }
 
     async fn write_fenced(
@@ -257,7 +270,10 @@ impl KeyStore for SqliteStore {
         write: FencedWrite<'_>,
         now: Millis,
     ) -> Result<()> {
-        ops::sqlite::write_fenced(tx, fence, write, now).await
+        crate::metrics::timed(Stage::WriteFenced, async {
+            ops::sqlite::write_fenced(tx, fence, write, now).await
+        })
+        .await
     }
 
     async fn take_over(
@@ -267,10 +283,14 @@ impl KeyStore for SqliteStore {
         now: Millis,
         lease_expires_at: Millis,
     ) -> Result<Option<TakenOver>> {
-        let mut tx = self.begin().await?;
-        let taken = ops::sqlite::take_over(&mut tx, id, fingerprint, now, lease_expires_at).await?;
-        tx.commit().await?;
-        Ok(taken)
+        crate::metrics::timed(Stage::TakeOver, async {
+            let mut tx = self.begin().await?;
+            let taken =
+                ops::sqlite::take_over(&mut tx, id, fingerprint, now, lease_expires_at).await?;
+            tx.commit().await?;
+            Ok(taken)
+        })
+        .await
     }
 
     async fn renew_lease(
@@ -301,6 +321,14 @@ impl KeyStore for SqliteStore {
         let report = ops::sqlite::reap(&mut tx, now, limit).await?;
         tx.commit().await?;
         Ok(report)
+    }
+
+    async fn orphans(&self, now: Millis) -> Result<super::Orphans> {
+        ops::sqlite::orphans(&mut *self.read().await?, now).await
+    }
+
+    async fn oldest_expired(&self, now: Millis) -> Result<Option<Millis>> {
+        ops::sqlite::oldest_expired(&mut *self.read().await?, now).await
     }
 }
 

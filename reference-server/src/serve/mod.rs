@@ -150,6 +150,7 @@ pub async fn serve(
             Err(_) => {
                 // At the cap: quiet connections make room; new ones wait.
                 set(&at_cap, true);
+                crate::ops::cap_reached();
                 tracing::debug!(
                     max_connections = limits.max_connections,
                     "at the connection cap: new connections wait in the listen backlog"
@@ -184,9 +185,11 @@ pub async fn serve(
             at_cap: at_cap.subscribe(),
             stop: stop.subscribe(),
         };
+        crate::ops::connection_opened();
         tokio::spawn(async move {
-            conn.run(stream).await;
-            tracing::trace!(%peer, "connection closed");
+            let reason = conn.run(stream).await;
+            crate::ops::connection_closed(reason);
+            tracing::trace!(%peer, reason, "connection closed");
             drop(permit);
         });
     }
@@ -218,6 +221,7 @@ async fn accept_error(e: &io::Error, at_cap: &watch::Sender<bool>) {
     ) {
         return;
     }
+    crate::ops::accept_error(out_of_files);
     tracing::warn!(error = %e, "accept failed; retrying shortly");
     if out_of_files {
         set(at_cap, true);
@@ -246,7 +250,9 @@ struct Conn {
 }
 
 impl Conn {
-    async fn run(mut self, stream: TcpStream) {
+    /// Serves the connection to its end and says why it ended (the
+    /// `reason` label of `idem_server_connections_closed_total`).
+    async fn run(mut self, stream: TcpStream) -> &'static str {
         let tracker = Arc::new(Tracker::new(Instant::now()));
         let io = TokioIo::new(Watched {
             inner: stream,
@@ -267,14 +273,15 @@ impl Conn {
                 r = &mut conn => {
                     if let Err(e) = r {
                         tracing::debug!(error = %e, "connection ended with an error");
+                        return "error";
                     }
-                    return;
+                    return if stopping { "shutdown" } else { "client" };
                 }
                 () = tokio::time::sleep_until(wake) => {
                     let at_cap = *self.at_cap.borrow();
                     if let (_, Some(reason)) = tracker.check(Instant::now(), &self.limits, at_cap) {
                         tracing::debug!(reason, "closing connection");
-                        return;
+                        return closed_label(reason);
                     }
                 }
                 // A change of the cap state changes the deadlines.
@@ -291,6 +298,15 @@ impl Conn {
                 }
             }
         }
+    }
+}
+
+/// The metric label of a watchdog's reason to close.
+fn closed_label(reason: &str) -> &'static str {
+    match reason {
+        "header read timeout" => "header_timeout",
+        "idle timeout" => "idle_timeout",
+        _ => "reclaimed_at_cap",
     }
 }
 
