@@ -26,6 +26,7 @@ async fn measure(dialect: Dialect, parallel: Option<u32>) -> (Duration, String, 
         dialect,
         defect: None,
         delay: DELAY,
+        quirk: None,
     })
     .await
     .expect("zoo starts");

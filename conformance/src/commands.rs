@@ -220,8 +220,17 @@ async fn run(
     out: &Outputs,
 ) -> Result<i32, Error> {
     let loaded = load_with(target, base_url)?;
-    let report = runner::run(&loaded, &opts).await?;
-    emit(&report, out)
+    match runner::run(&loaded, &opts).await {
+        Ok(report) => emit(&report, out),
+        // A run that stopped before its cases still leaves its reports, so
+        // a CI job publishing them shows why.
+        Err(e @ Error::Preflight(_)) => {
+            let report = runner::harness_report(&loaded, e.to_string());
+            emit(&report, out)?;
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Prints the console report and writes every report into the output

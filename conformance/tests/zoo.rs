@@ -23,7 +23,7 @@ use idem_conformance::manifest::{self, Loaded};
 use idem_conformance::runner::{self, Options};
 use idem_spec::clauses::Class;
 use idem_spec::report::{Outcome, Report, Verdict};
-use idem_zoo::{Defect, Dialect, ZooConfig};
+use idem_zoo::{Defect, Dialect, Quirk, ZooConfig};
 
 const SEEDS: [u64; 3] = [1, 2, 3];
 
@@ -37,15 +37,82 @@ fn manifest_for(dialect: Dialect, base_url: &str) -> Loaded {
     loaded
 }
 
-async fn run_zoo(dialect: Dialect, defect: Option<Defect>, delay_ms: u64, seed: u64) -> Report {
+/// What a manifest says for each quirk: the declarations the issue asked
+/// the manifest to be able to make.
+fn declare(quirk: Quirk, m: &mut idem_spec::manifest::Manifest) {
+    use idem_spec::manifest::{InFlightMode, WireError};
+    match quirk {
+        // Nothing to declare: the kit opens a fresh connection after a 5xx.
+        Quirk::ResetAfterServerError => {}
+        Quirk::NestedErrorCode => {
+            m.profile.code_pointer = Some("/error/code".into());
+            for (code, status) in [
+                ("idempotency_key_missing", 400),
+                ("idempotency_key_invalid", 400),
+                ("idempotency_key_in_use", 409),
+            ] {
+                m.profile.errors.insert(
+                    code.into(),
+                    WireError {
+                        status,
+                        code: None,
+                        pointer: Some("/error/code".into()),
+                        value: Some(code.into()),
+                        pattern: None,
+                    },
+                );
+            }
+            let mismatch = m
+                .profile
+                .errors
+                .get("idempotency_key_mismatch")
+                .map_or(409, |w| w.status);
+            m.profile.errors.insert(
+                "idempotency_key_mismatch".into(),
+                WireError {
+                    status: mismatch,
+                    code: None,
+                    pointer: Some("/error/code".into()),
+                    value: Some("idempotency_key_mismatch".into()),
+                    pattern: None,
+                },
+            );
+        }
+        Quirk::MarkerValueOne => m.profile.replay_marker_value = Some("1".into()),
+        Quirk::AlwaysWait => m.policy.in_flight = InFlightMode::AlwaysWait,
+        Quirk::NoInFlightState => m.policy.in_flight = InFlightMode::None,
+        _ => {}
+    }
+}
+
+/// The quirk cells: each correct-but-unusual behaviour on one dialect.
+const QUIRK_CELLS: [(Dialect, Quirk); 5] = [
+    (Dialect::Reference, Quirk::ResetAfterServerError),
+    (Dialect::PlainJson422, Quirk::NestedErrorCode),
+    (Dialect::PlainJson400, Quirk::MarkerValueOne),
+    (Dialect::Reference, Quirk::AlwaysWait),
+    (Dialect::Reference, Quirk::NoInFlightState),
+];
+
+async fn run_zoo_with(
+    dialect: Dialect,
+    defect: Option<Defect>,
+    quirk: Option<Quirk>,
+    delay_ms: u64,
+    seed: u64,
+) -> Report {
     let zoo = idem_zoo::spawn(ZooConfig {
         dialect,
         defect,
         delay: Duration::from_millis(delay_ms),
+        quirk,
     })
     .await
     .expect("zoo starts");
-    let loaded = manifest_for(dialect, &zoo.base_url);
+    let mut loaded = manifest_for(dialect, &zoo.base_url);
+    if let Some(q) = quirk {
+        declare(q, &mut loaded.manifest);
+    }
     let r = runner::run(
         &loaded,
         &Options {
@@ -80,16 +147,54 @@ struct Cell {
     problems: Vec<String>,
 }
 
-fn judge(dialect: Dialect, defect: Option<Defect>, seed: u64, r: &Report, cell: &mut Cell) {
+fn judge(
+    dialect: Dialect,
+    defect: Option<Defect>,
+    quirk: Option<Quirk>,
+    seed: u64,
+    r: &Report,
+    cell: &mut Cell,
+) {
     let console = idem_conformance::report::console::render(r);
     let mut problem = |what: String| {
         cell.problems.push(format!(
             "{dialect} × {} (seed {seed}): {what}",
-            name(defect)
+            label(defect, quirk)
         ))
     };
     let fails = failures(r);
     match defect {
+        None if quirk.is_some() => {
+            // A correct API with a declared quirk: no safety or semantics
+            // failure, whatever its spelling.
+            let bad: Vec<_> = fails.iter().filter(|(_, c)| *c > Class::Interop).collect();
+            if !bad.is_empty() {
+                problem(format!(
+                    "a correct API with a declared quirk got {bad:?}\n{console}"
+                ));
+            }
+            // The case each quirk would have broken before the manifest
+            // could declare it (or the kit could bear it) must now pass.
+            let must_pass = match quirk {
+                Some(Quirk::ResetAfterServerError) => "failure.5xx-not-stored",
+                Some(Quirk::NestedErrorCode) => "keys.errors-distinct",
+                Some(Quirk::MarkerValueOne) => "replay.verbatim",
+                _ => "concurrency.gate",
+            };
+            // Passed, or failed on spelling alone (interop).
+            let judged = r.cases.iter().find(|c| c.id == must_pass).is_some_and(|c| {
+                c.verdict == Verdict::Pass
+                    || (c.verdict == Verdict::Fail
+                        && c.checks
+                            .iter()
+                            .all(|k| k.verdict != Verdict::Fail || k.class == Class::Interop))
+            });
+            if !judged {
+                problem(format!(
+                    "{must_pass} was not judged on behaviour alone\n{console}"
+                ));
+            }
+        }
         None => {
             let bad: Vec<_> = fails.iter().filter(|(_, c)| *c > Class::Interop).collect();
             if !bad.is_empty() {
@@ -155,8 +260,15 @@ fn name(defect: Option<Defect>) -> &'static str {
     defect.map_or("none", Defect::as_str)
 }
 
+fn label(defect: Option<Defect>, quirk: Option<Quirk>) -> String {
+    match quirk {
+        Some(q) => format!("none (quirk: {q})"),
+        None => name(defect).to_owned(),
+    }
+}
+
 /// One README row per cell.
-fn row(dialect: Dialect, defect: Option<Defect>, cell: &Cell) -> String {
+fn row(dialect: Dialect, defect: Option<Defect>, quirk: Option<Quirk>, cell: &Cell) -> String {
     let list = |pick: &dyn Fn(Class) -> bool| {
         let v: Vec<String> = cell
             .failures
@@ -181,7 +293,7 @@ fn row(dialect: Dialect, defect: Option<Defect>, cell: &Cell) -> String {
     });
     format!(
         "| {dialect} | {} | {} | {own} | {} | {} | {} |",
-        name(defect),
+        label(defect, quirk),
         cell.results.iter().copied().collect::<Vec<_>>().join(" / "),
         list(&|c| c == Class::Safety),
         list(&|c| c == Class::Semantics),
@@ -199,43 +311,56 @@ async fn every_dialect_and_defect_is_judged_by_behaviour_not_spelling() {
     let mut cells = Vec::new();
     for dialect in Dialect::ALL {
         for defect in std::iter::once(None).chain(Defect::ALL.map(Some)) {
-            cells.push((dialect, defect));
+            cells.push((dialect, defect, None));
         }
     }
+    cells.extend(QUIRK_CELLS.map(|(d, q)| (d, None, Some(q))));
+    // IDEM_ZOO_ONLY=NAME runs only the cells whose defect or quirk is NAME
+    // (or "none"), to work on one; the README is then left alone.
+    let only = std::env::var("IDEM_ZOO_ONLY").ok();
+    if let Some(o) = &only {
+        cells.retain(|(_, d, q)| q.map_or_else(|| name(*d).to_owned(), |q| q.to_string()) == *o);
+    }
     // Four cells at a time, each on its own zoo.
+    type Done = BTreeMap<usize, (Dialect, Option<Defect>, Option<Quirk>, Cell)>;
     let mut set = tokio::task::JoinSet::new();
-    let mut done: BTreeMap<usize, (Dialect, Option<Defect>, Cell)> = BTreeMap::new();
+    let mut done: Done = BTreeMap::new();
     let mut next = cells.into_iter().enumerate();
     loop {
         while set.len() < 4 {
-            let Some((i, (dialect, defect))) = next.next() else {
+            let Some((i, (dialect, defect, quirk))) = next.next() else {
                 break;
             };
             set.spawn(async move {
                 let mut cell = Cell::default();
                 for seed in SEEDS {
-                    let r = run_zoo(dialect, defect, 0, seed).await;
-                    judge(dialect, defect, seed, &r, &mut cell);
+                    let r = run_zoo_with(dialect, defect, quirk, 0, seed).await;
+                    if std::env::var_os("IDEM_ZOO_ONLY").is_some() {
+                        for c in r.cases.iter().filter(|c| c.duration_ms > 500) {
+                            eprintln!("slow: {dialect} {} {} ms", c.id, c.duration_ms);
+                        }
+                    }
+                    judge(dialect, defect, quirk, seed, &r, &mut cell);
                 }
-                (i, dialect, defect, cell)
+                (i, dialect, defect, quirk, cell)
             });
         }
         let Some(joined) = set.join_next().await else {
             break;
         };
-        let (i, dialect, defect, cell) = joined.expect("cell task");
-        done.insert(i, (dialect, defect, cell));
+        let (i, dialect, defect, quirk, cell) = joined.expect("cell task");
+        done.insert(i, (dialect, defect, quirk, cell));
     }
     let elapsed = started.elapsed();
     let problems: Vec<&String> = done
         .values()
-        .flat_map(|(_, _, c)| c.problems.iter())
+        .flat_map(|(_, _, _, c)| c.problems.iter())
         .collect();
     let mut table = vec![
         "| Dialect | Defect | Result | Own clause (class) | Safety failures | Semantics failures | Interop findings |".to_owned(),
         "|---|---|---|---|---|---|---|".to_owned(),
     ];
-    table.extend(done.values().map(|(d, f, c)| row(*d, *f, c)));
+    table.extend(done.values().map(|(d, f, q, c)| row(*d, *f, *q, c)));
     let table = table.join("\n");
     eprintln!(
         "{table}\n\n{} cells × {} seeds in {:.1} s",
@@ -253,6 +378,9 @@ async fn every_dialect_and_defect_is_judged_by_behaviour_not_spelling() {
             .collect::<Vec<_>>()
             .join("\n\n")
     );
+    if only.is_some() {
+        return;
+    }
     let readme_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md");
     let readme = std::fs::read_to_string(&readme_path).expect("README");
     let (Some(b), Some(e)) = (readme.find(BEGIN), readme.find(END)) else {
@@ -303,6 +431,7 @@ async fn console_json_junit_and_html_agree_on_every_count() {
         dialect: Dialect::PlainJson422,
         defect: Some(Defect::GlobalKeySpace),
         delay: Duration::ZERO,
+        quirk: None,
     })
     .await
     .expect("zoo");
@@ -601,6 +730,7 @@ async fn the_cli_writes_every_artefact_into_one_directory_and_exits_with_the_res
         dialect: Dialect::PlainJson417,
         defect: Some(Defect::ReplayHeadersDropped),
         delay: Duration::ZERO,
+        quirk: None,
     })
     .await
     .expect("zoo");

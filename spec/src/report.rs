@@ -154,6 +154,11 @@ pub struct Report {
     /// What the preflight verified before any case ran.
     #[serde(default)]
     pub preflight: Vec<String>,
+    /// Why the run stopped before its cases (a manifest the kit could not
+    /// use, a failed preflight), in one sentence; the result is then
+    /// `harness-error` and `cases` is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness_error: Option<String>,
     /// One line per unwaived safety failure, worst first; reports lead
     /// with these.
     #[serde(default)]

@@ -13,7 +13,7 @@ use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 
 use crate::case::{Aim, Case, Ctx, Rec, shared};
-use crate::http::{Request, Response, Sent};
+use crate::http::{Failure, Request, Response, Sent};
 use crate::manifest::ManifestExt;
 
 /// Gate rounds per run: a race that loses once in a few tries still shows.
@@ -192,7 +192,24 @@ pub async fn round(rec: &mut Rec, req: &Request, n: usize, what: &str) -> Vec<Se
         "{label_from}..{label_to}: {what}, {n} copies released together at a barrier → {}",
         tally_sent(&sent)
     ));
+    stop_if_unsent(rec, &sent);
     sent
+}
+
+/// A burst the harness did not send (the budget, no connection) stops the
+/// case as a harness error: the rule is that nothing is judged from a
+/// request that was not sent. Returns whether it stopped.
+pub fn stop_if_unsent(rec: &mut Rec, sent: &[Sent]) -> bool {
+    if let Some(Err(f)) = sent.iter().find(|s| {
+        matches!(
+            s,
+            Err(Failure::Budget(_) | Failure::Connect(_) | Failure::Harness(_))
+        )
+    }) {
+        rec.fail_send(f);
+        return true;
+    }
+    false
 }
 
 fn tally_sent(sent: &[Sent]) -> String {
@@ -222,6 +239,9 @@ async fn gate(rec: &mut Rec) {
             &format!("round {round_no}: {name}, key {a}, one body"),
         )
         .await;
+        if rec.harness_stopped() {
+            return;
+        }
         let o = classify(&rec.ctx, &sent);
         let responses: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
         let Some(effects) = rec
@@ -376,6 +396,15 @@ async fn two_callers(rec: &mut Rec) {
     }
     rec.ctx.client.warm(&rec.ctx.url("/"), 2 * n).await;
     let sent = rec.ctx.client.burst(batch).await;
+    rec.note(format!(
+        "{first}..{last}: {} and {} each send {n} copies of their own operation with {a}, all released together → {}",
+        names[0],
+        names[1],
+        tally_sent(&sent)
+    ));
+    if stop_if_unsent(rec, &sent) {
+        return;
+    }
     let mine = |c: usize| -> Vec<&Response> {
         sent.iter()
             .skip(c)
@@ -384,12 +413,6 @@ async fn two_callers(rec: &mut Rec) {
             .collect()
     };
     let (alice, bob) = (mine(0), mine(1));
-    rec.note(format!(
-        "{first}..{last}: {} and {} each send {n} copies of their own operation with {a}, all released together → {}",
-        names[0],
-        names[1],
-        tally_sent(&sent)
-    ));
     if alice.len() + bob.len() < sent.len() {
         rec.stop(
             idem_spec::report::Verdict::Inconclusive,
@@ -399,36 +422,79 @@ async fn two_callers(rec: &mut Rec) {
     for (c, answers) in [(0usize, &alice), (1usize, &bob)] {
         let other: &Vec<&Response> = if c == 0 { &bob } else { &alice };
         let who = &names[c];
-        let leaked = answers
+        let them = &names[1 - c];
+        // A leak is proved by the other operation's marker in the answer
+        // (the markers differ), not by equal bytes alone.
+        let leaked: Vec<&Response> = answers
             .iter()
-            .filter(|r| (200..300).contains(&r.status) && other.iter().any(|o| o.same_outcome(r)))
-            .count();
+            .copied()
+            .filter(|r| {
+                (200..300).contains(&r.status)
+                    && other.iter().any(|o| o.same_payload(r))
+                    && String::from_utf8_lossy(&r.body).contains(markers[1 - c].as_str())
+            })
+            .collect();
         rec.check(
             "idem.scope.caller",
-            leaked == 0,
+            leaked.is_empty(),
             format!("{who}: never the other caller's response"),
-            format!("{leaked} answer(s) that are the other caller's response"),
+            format!(
+                "{} answer(s) that are the other caller's response",
+                leaked.len()
+            ),
         );
-        rec.headline(format!(
-            "{who} got {leaked} response(s) of the other caller racing with the same key"
-        ));
-        let conflicts = answers
+        if let Some(r) = leaked.first() {
+            let ids = other
+                .iter()
+                .find(|o| o.same_payload(r))
+                .map_or(String::new(), |o| rec.ctx.ids_side_by_side(r, o));
+            rec.headline(format!(
+                "{who} got {} response(s) of {them}, racing with the same key: they carry {them}'s marker {:?}{ids}",
+                leaked.len(),
+                markers[1 - c]
+            ));
+        }
+        // Refused because the other caller held or used the key: a
+        // mismatch, or an in-use refusal while no copy of this caller's own
+        // operation ran (the in-flight lock is not scoped by caller).
+        let mismatches = answers
             .iter()
             .filter(|r| rec.ctx.is(r, ErrorCode::IdempotencyKeyMismatch))
+            .count();
+        let executed_own = answers.iter().any(|r| rec.ctx.executed(r, None));
+        let in_use = answers
+            .iter()
+            .filter(|r| r.status == 409 || rec.ctx.is(r, ErrorCode::IdempotencyKeyInUse))
             .count();
         rec.check_as(
             "idem.scope.caller",
             Class::Semantics,
-            conflicts == 0,
+            mismatches == 0,
             format!("{who}: no mismatch caused by the other caller's use of the key"),
-            format!("{conflicts} mismatch answer(s)"),
+            format!("{mismatches} mismatch answer(s)"),
+        );
+        let blocked = !executed_own && in_use > 0;
+        rec.check_as(
+            "idem.scope.caller",
+            Class::Semantics,
+            !blocked,
+            format!(
+                "{who}: the other caller's request in flight does not block this one (its own operation runs)"
+            ),
+            if blocked {
+                format!(
+                    "none of {who}'s {n} copies ran; {in_use} refused as in flight while {them}'s request ran"
+                )
+            } else {
+                format!("{who}'s operation ran")
+            },
         );
         // When the other caller's use of the key shaped these answers, a
         // wrong effect count is that scoping failure (safety if a response
         // leaked, semantics if the caller was only refused), not a race.
-        let (clause, class) = if leaked > 0 {
+        let (clause, class) = if !leaked.is_empty() {
             ("idem.scope.caller", Class::Safety)
-        } else if conflicts > 0 {
+        } else if mismatches > 0 || blocked {
             ("idem.scope.caller", Class::Semantics)
         } else {
             ("idem.concurrency.single-effect", Class::Safety)

@@ -10,6 +10,7 @@
 //! released) and says what it could not.
 
 use idem_spec::clauses::Class;
+use idem_spec::policy::FailurePolicy;
 use idem_spec::report::Verdict;
 
 use super::{check_replay, preview};
@@ -43,11 +44,11 @@ pub fn cases() -> Vec<Case> {
             needs: &[Need::REJECTED_BODY],
             aim: Aim::Main,
             alone: shared,
-            permitted: |_| {
-                vec![
-                    "R1: a 4xx; R2: the same 4xx, byte for byte, with Idempotent-Replayed: true; with an execution probe, one handler run"
-                        .into(),
-                ]
+            permitted: |m| {
+                vec![format!(
+                    "R1: a 4xx; R2: the same 4xx, byte for byte, with {}; with an execution probe, one handler run",
+                    m.marker_spelled()
+                )]
             },
             run: |r| Box::pin(final_4xx(r)),
         },
@@ -94,6 +95,12 @@ fn replayed(rec: &Rec, stored: &Response, again: &Response) -> bool {
 }
 
 async fn final_4xx(rec: &mut Rec) {
+    let declared = rec.ctx.manifest.policy.failure_policy;
+    if !declared.stores(422) {
+        rec.note(format!(
+            "the manifest declares failure_policy = {declared:?}: 4xx outcomes are not stored, which the contract requires; the case checks the contract"
+        ));
+    }
     let Some(template) = rec.ctx.endpoint().rejected_body.clone() else {
         return;
     };
@@ -163,7 +170,66 @@ async fn final_4xx(rec: &mut Rec) {
     }
 }
 
+/// Whether `r1` is the declared server error: a 5xx that is not a status
+/// the manifest lists for an unsupported route or method, nor shed load
+/// (503 with Retry-After), and, when an execution probe is declared, one
+/// the handler ran for. Otherwise the case stops inconclusive: what
+/// follows would be judged on an answer the case did not confirm.
+async fn confirm_server_error(rec: &mut Rec, r1: &Response, marker: &str, what: &str) -> bool {
+    let why = if r1.status < 500 {
+        Some("not a 5xx".to_owned())
+    } else if rec.ctx.manifest.unsupported(r1.status) {
+        Some(format!(
+            "{} is a status the manifest lists in profile.unsupported_statuses (a route or method the target does not serve), not a failure after the claim",
+            r1.status
+        ))
+    } else if r1.status == 503 && r1.header("retry-after").is_some() {
+        Some("503 with Retry-After: shed load, not a failure after the claim".to_owned())
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        rec.stop(
+            Verdict::Inconclusive,
+            format!(
+                "{what} did not produce the declared server error ({}): {why}",
+                r1.summary()
+            ),
+        );
+        return false;
+    }
+    match rec.ctx.executions(marker).await {
+        Some(Ok(0)) => {
+            rec.stop(
+                Verdict::Inconclusive,
+                format!(
+                    "{what} was answered {} but hooks.execution_probe counted no handler run: the request failed before its key was claimed, so there is no stored 5xx to look for",
+                    r1.status
+                ),
+            );
+            false
+        }
+        Some(Ok(n)) => {
+            rec.note(format!(
+                "the execution probe counted {n} handler run(s): the 5xx came after the claim"
+            ));
+            true
+        }
+        Some(Err(e)) => {
+            rec.probe_failed(e);
+            false
+        }
+        None => true,
+    }
+}
+
 async fn not_stored_5xx(rec: &mut Rec) {
+    let declared = rec.ctx.manifest.policy.failure_policy;
+    if declared != FailurePolicy::FinalUnlessServerError {
+        rec.note(format!(
+            "the manifest declares failure_policy = {declared:?}, which stores what the contract does not; the case checks the contract"
+        ));
+    }
     if rec.ctx.failpoint(|f| f.server_error.as_ref()).is_some() {
         by_failpoint(rec).await;
         if rec.stopped.is_some() {
@@ -195,14 +261,7 @@ async fn by_failpoint(rec: &mut Rec) {
     else {
         return;
     };
-    if r1.status < 500 {
-        rec.stop(
-            Verdict::Inconclusive,
-            format!(
-                "the server_error failpoint did not produce a 5xx: {}",
-                r1.summary()
-            ),
-        );
+    if !confirm_server_error(rec, &r1, &marker, "the server_error failpoint").await {
         return;
     }
     rec.check_effects(
@@ -274,14 +333,7 @@ async fn by_body(rec: &mut Rec) {
     else {
         return;
     };
-    if r1.status < 500 {
-        rec.stop(
-            Verdict::Inconclusive,
-            format!(
-                "endpoints[0].server_error_body did not produce a 5xx: {}",
-                r1.summary()
-            ),
-        );
+    if !confirm_server_error(rec, &r1, &marker, "endpoints[0].server_error_body").await {
         return;
     }
     rec.check_effects(
@@ -311,12 +363,24 @@ async fn by_body(rec: &mut Rec) {
             r1.status
         ));
     }
+    // Fewer runs than sends is the 5xx replayed (safety) only when the
+    // retry's answer was a 5xx; a retry refused with a 4xx was not
+    // executed because the key stayed taken, which is semantics.
+    let class = if r2.status >= 500 {
+        Class::Safety
+    } else {
+        Class::Semantics
+    };
     match rec
-        .check_executions(
+        .check_executions_as(
             "idem.failure.5xx-not-stored",
+            class,
             &marker,
             2,
-            "a request that failed with a 5xx, retried with its key",
+            &format!(
+                "a request that failed with a {}, retried with its key and answered {}",
+                r1.status, r2.status
+            ),
         )
         .await
     {
@@ -342,6 +406,9 @@ async fn by_body(rec: &mut Rec) {
     };
     retry_after_5xx(rec, &r1, &r3, &marker3).await;
 }
+
+/// How long R1 waits for the early refusal.
+const EARLY_ANSWER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The `Content-Length` R1 declares: far over any reasonable body limit.
 const DECLARED_LENGTH: usize = 64 << 20;
@@ -387,7 +454,9 @@ async fn send_declared_oversize(req: &crate::http::Request) -> Result<u16, Strin
     head.extend_from_slice(b"\r\n");
     // A first slice of the body: whitespace, as a JSON body may start with.
     head.extend_from_slice(&[b' '; 1024]);
-    let bound = std::time::Duration::from_secs(10);
+    // A target that refuses by declared length answers at once; one that
+    // waits for the body never will, so a long wait only costs time.
+    let bound = EARLY_ANSWER;
     let io = async {
         let mut sock = tokio::net::TcpStream::connect((host.as_str(), port))
             .await
@@ -420,8 +489,8 @@ async fn send_declared_oversize(req: &crate::http::Request) -> Result<u16, Strin
     match tokio::time::timeout(bound, io).await {
         Ok(r) => r,
         Err(_) => Err(format!(
-            "no answer within {} s: the target waits for the declared body",
-            bound.as_secs()
+            "no answer within {} ms: the target waits for the declared body (it does not refuse by declared length)",
+            bound.as_millis()
         )),
     }
 }

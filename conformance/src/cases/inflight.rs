@@ -30,10 +30,17 @@ pub fn cases() -> Vec<Case> {
             aim: Aim::Main,
             alone,
             permitted: |m| {
-                vec![format!(
-                    "the duplicate: refused ({} as declared) with Retry-After, not executed",
-                    m.spelled(ErrorCode::IdempotencyKeyInUse)
-                )]
+                if m.never_refuses_in_flight() {
+                    vec![format!(
+                        "the duplicate: not executed (policy.in_flight = {:?}: held until the original finishes and replayed, or refused)",
+                        m.policy.in_flight
+                    )]
+                } else {
+                    vec![format!(
+                        "the duplicate: refused ({} as declared) with Retry-After, not executed",
+                        m.spelled(ErrorCode::IdempotencyKeyInUse)
+                    )]
+                }
             },
             run: |r| Box::pin(conflict(r)),
         },
@@ -151,7 +158,10 @@ async fn conflict(rec: &mut Rec) {
             ));
             continue;
         }
-        if d.status != 409 && !(200..300).contains(&d.status) {
+        if d.status != 409
+            && !(200..300).contains(&d.status)
+            && !rec.ctx.manifest.never_refuses_in_flight()
+        {
             rec.stop(
                 Verdict::Inconclusive,
                 format!(
@@ -170,7 +180,35 @@ async fn conflict(rec: &mut Rec) {
             "the duplicate is not executed while the original is in flight",
             d.summary(),
         );
-        rec.headline("a duplicate sent while the original was held in flight was executed");
+        rec.headline(format!(
+            "a duplicate sent while the original was held in flight was executed: {}",
+            d.summary()
+        ));
+        if rec.ctx.manifest.never_refuses_in_flight() {
+            // Declared: duplicates are held (or refused in the target's own
+            // way). Only "not executed" is the contract's here, plus, for a
+            // held duplicate, that it got the original's answer.
+            if !refused && let Some(f) = first.as_ref() {
+                rec.check_as(
+                    "idem.inflight.conflict",
+                    Class::Semantics,
+                    d.same_outcome(f),
+                    "a held duplicate is answered with the original's response",
+                    d.summary(),
+                );
+            }
+            let seen: Vec<&Response> = first.iter().chain(std::iter::once(&d)).collect();
+            rec.check_effects(
+                "idem.inflight.conflict",
+                0,
+                &marker,
+                &seen,
+                1,
+                "a duplicate sent while the original was held in flight",
+            )
+            .await;
+            return;
+        }
         rec.check_as(
             "idem.inflight.conflict",
             Class::Semantics,
@@ -222,6 +260,9 @@ async fn prefer_wait(rec: &mut Rec) {
         .header(PREFER, "wait=5");
     let name = rec.ctx.name(0).to_owned();
     let sent = round(rec, &req, n, &format!("{name}, key {a}, Prefer: wait=5")).await;
+    if rec.harness_stopped() {
+        return;
+    }
     let o = classify(&rec.ctx, &sent);
     rec.check(
         "idem.inflight.prefer-wait",

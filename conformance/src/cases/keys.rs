@@ -184,15 +184,16 @@ async fn boundary_lengths(rec: &mut Rec) {
             r.summary(),
         );
     }
-    // One visible character chosen from the seed; it cannot carry the run
-    // prefix, so an earlier run may have used it: any answer that shows the
-    // key was accepted as a key passes.
-    let c = char::from(b'!' + (rec.ctx.seed % 94) as u8);
-    let k = if c == '"' {
-        "#".to_owned()
-    } else {
-        c.to_string()
-    };
+    // One letter or digit chosen from the run id (fresh each run, not the
+    // seed, which a user repeats): it cannot carry the run prefix, so an
+    // earlier run may have used it, and any answer that shows the key was
+    // accepted as a key passes. Letters and digits only, so no target
+    // refuses it for its characters.
+    const ALNUM: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let pick = rec.ctx.run_id.bytes().fold(0usize, |h, b| {
+        h.wrapping_mul(31).wrapping_add(usize::from(b))
+    });
+    let k = char::from(ALNUM[pick % ALNUM.len()]).to_string();
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(0, &marker);
     let req = rec.ctx.op(0, Some(&k), &marker, &body);
@@ -203,8 +204,9 @@ async fn boundary_lengths(rec: &mut Rec) {
         )
         .await
     {
-        let ok =
-            (200..300).contains(&r.status) || rec.ctx.is(&r, ErrorCode::IdempotencyKeyMismatch);
+        let ok = (200..300).contains(&r.status)
+            || rec.ctx.is(&r, ErrorCode::IdempotencyKeyMismatch)
+            || rec.ctx.is(&r, ErrorCode::IdempotencyKeyInUse);
         rec.check(
             "idem.key.syntax",
             ok,
@@ -215,9 +217,13 @@ async fn boundary_lengths(rec: &mut Rec) {
 }
 
 async fn quoted_and_bare(rec: &mut Rec) {
-    // A key with both escapable characters: quoted it is "<k>\"q\\", bare <k>"q\.
-    let key = format!("{}\"q\\", rec.ctx.key());
-    let quoted = format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""));
+    // A plain key (letters, digits, '-'): every target accepts it bare, so
+    // the case judges only what it is about, that the quoted spelling
+    // names the same key. (Escapes inside quotes are keys.boundary-lengths'
+    // business; a bare key holding '"' or '\' is refused by many targets,
+    // which would leave this case undecided.)
+    let key = rec.ctx.key();
+    let quoted = format!("\"{key}\"");
     let Some((req, first, marker)) = fresh(rec, 0, &key).await else {
         return;
     };
@@ -471,8 +477,14 @@ async fn distinct(rec: &mut Rec) {
     let Some(missing) = rec.send(&format!("{name} sends without a key"), &req).await else {
         return;
     };
-    let req = rec.ctx.op(0, Some(""), &marker, &body);
-    let Some(invalid) = rec.send(&format!("{name} sends an empty key"), &req).await else {
+    // Invalid for its space, and carrying the run prefix: should a target
+    // accept it, it is never met again by a later run.
+    let bad = format!("{} x", rec.ctx.key());
+    let req = rec.ctx.op(0, Some(&bad), &marker, &body);
+    let Some(invalid) = rec
+        .send(&format!("{name} sends a key with a space in it"), &req)
+        .await
+    else {
         return;
     };
     let key = rec.ctx.key();
@@ -517,11 +529,20 @@ async fn distinct(rec: &mut Rec) {
         );
         return;
     }
-    codes.push(("missing", missing.code()));
-    codes.push(("invalid", invalid.code()));
-    codes.push(("mismatch", mismatch.code()));
-    let in_use = rec.ctx.manifest.wire(ErrorCode::IdempotencyKeyInUse);
-    codes.push(("in use (declared)", in_use.code.clone()));
+    let m = rec.ctx.manifest.clone();
+    codes.push(("missing", m.code_of(&missing)));
+    codes.push(("invalid", m.code_of(&invalid)));
+    codes.push(("mismatch", m.code_of(&mismatch)));
+    // The in-use code as declared: a `code`, or the value the declaration
+    // expects where the target's codes are (`profile.code_pointer`).
+    let in_use = m.wire(ErrorCode::IdempotencyKeyInUse);
+    let code_pointer = m.profile.code_pointer.as_deref().unwrap_or("/code");
+    let declared = in_use.code.clone().or_else(|| {
+        (in_use.pointer.as_deref() == Some(code_pointer))
+            .then(|| in_use.value.clone())
+            .flatten()
+    });
+    codes.push(("in use (declared)", declared));
     let observed: Vec<String> = codes
         .iter()
         .map(|(w, c)| format!("{w}={}", c.as_deref().unwrap_or("<no code>")))

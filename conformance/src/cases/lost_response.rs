@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::check_marked;
 use crate::case::{Aim, Case, HOLD, Rec, shared};
+use crate::manifest::ManifestExt;
 use crate::proxy::DropProxy;
 use idem_spec::report::Verdict;
 
@@ -21,8 +22,11 @@ pub fn cases() -> Vec<Case> {
         needs: &[],
         aim: Aim::Main,
         alone: shared,
-        permitted: |_| {
-            vec!["R1 through the dropping proxy: no answer (the target answered 2xx); R2 directly, same key: a replay with Idempotent-Replayed: true; one effect".into()]
+        permitted: |m| {
+            vec![format!(
+                "R1 through the dropping proxy: no answer (the target answered 2xx); R2 directly, same key: a replay with {}; one effect",
+                m.marker_spelled()
+            )]
         },
         run: |r| Box::pin(dropped(r)),
     }]

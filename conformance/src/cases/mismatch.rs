@@ -108,7 +108,10 @@ fn judge(rec: &mut Rec, first: &Response, r: &Response, what: &str) -> Answer {
         r.summary(),
     );
     rec.headline(format!(
-        "{what} under a used key got the first request's stored response"
+        "{what} under a used key got the first request's stored response: {} (R1 was {}){}",
+        r.summary(),
+        first.summary(),
+        rec.ctx.ids_side_by_side(r, first)
     ));
     if !matches!(a, Answer::Replayed) {
         rec.check_as(
@@ -195,6 +198,32 @@ async fn path(rec: &mut Rec) {
     else {
         return;
     };
+    if !rec.ctx.manifest.policy.fingerprint.query {
+        // Declared: the query is not part of the fingerprint, so to the
+        // target R2 is R1 again. A replay is the declared behaviour, a
+        // spelling of what a request is (interop), never a leak of another
+        // request's outcome.
+        let kind = answer(rec, &first, &r2);
+        rec.note("policy.fingerprint.query = false: the manifest declares the query outside the fingerprint");
+        rec.check_as(
+            "idem.fingerprint.inputs",
+            Class::Interop,
+            matches!(kind, Answer::Refused),
+            "the query is part of the fingerprint: a refused mismatch (the manifest declares it is not)",
+            r2.summary(),
+        );
+        rec.check_effects_as(
+            "idem.fingerprint.mismatch",
+            Class::Semantics,
+            0,
+            &marker,
+            &[&first, &r2],
+            1,
+            "the same operation with another query is not executed again",
+        )
+        .await;
+        return;
+    }
     let kind = judge(rec, &first, &r2, "another path");
     rec.check(
         "idem.fingerprint.inputs",

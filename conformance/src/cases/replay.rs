@@ -5,6 +5,7 @@ use idem_spec::clauses::Class;
 
 use super::{check_marked, check_replay, fresh};
 use crate::case::{Aim, Case, Rec, shared};
+use crate::manifest::ManifestExt;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -22,8 +23,11 @@ pub fn cases() -> Vec<Case> {
             needs: &[],
             aim: Aim::Main,
             alone: shared,
-            permitted: |_| {
-                vec!["R1: a 2xx without Idempotent-Replayed; R2, R3: the same status, body and headers with Idempotent-Replayed: true; one side effect".into()]
+            permitted: |m| {
+                vec![format!(
+                    "R1: a 2xx without a replay marker; R2, R3: the same status, body and headers with {}; one side effect",
+                    m.marker_spelled()
+                )]
             },
             run: |r| Box::pin(verbatim(r)),
         },
