@@ -35,6 +35,7 @@ use idem_spec::manifest::{Caller, EffectProbe, Endpoint, Manifest};
 use idem_spec::report::{CheckReport, Verdict};
 use serde_json::Value;
 
+use crate::clause::ClauseId;
 use crate::http::{Client, Failure, Request, Response, Sent};
 use crate::manifest::{ManifestExt, amount_exclusions, draw_amount, expand, expand_text};
 use crate::probe::{self, ProbeError, Subject};
@@ -148,7 +149,7 @@ pub struct Case {
     /// One line: what the case does.
     pub title: &'static str,
     /// The clauses the case checks.
-    pub clauses: &'static [&'static str],
+    pub clauses: &'static [ClauseId],
     /// What the manifest must declare; otherwise the case is `unsupported`.
     pub needs: &'static [Need],
     /// Which endpoint it is sent to.
@@ -183,7 +184,7 @@ impl Case {
     pub fn tier(&self) -> Level {
         self.clauses
             .iter()
-            .filter_map(|c| clauses::get(c))
+            .filter_map(|c| clauses::get(c.as_str()))
             .map(|c| c.level)
             .min()
             .unwrap_or(Level::May)
@@ -297,7 +298,7 @@ impl Ctx {
     pub fn for_case(&self, case: &Case) -> Ctx {
         Ctx {
             manifest: focus(&self.manifest, case.is_recovery()),
-            client: self.client.clone(),
+            client: self.client.for_case(),
             run_id: self.run_id.clone(),
             seed: self.seed,
             artifacts: self.artifacts.clone(),
@@ -836,12 +837,12 @@ impl Rec {
     /// so cases can branch.
     pub fn check(
         &mut self,
-        clause: &'static str,
+        clause: ClauseId,
         ok: bool,
         permitted: impl Into<String>,
         observed: impl Into<String>,
     ) -> bool {
-        let class = clauses::get(clause).map_or(Class::Safety, |c| c.class);
+        let class = clauses::get(clause.as_str()).map_or(Class::Safety, |c| c.class);
         self.check_as(clause, class, ok, permitted, observed)
     }
 
@@ -850,13 +851,13 @@ impl Rec {
     /// that is milder (a check can never make a clause worse than it is).
     pub fn check_as(
         &mut self,
-        clause: &'static str,
+        clause: ClauseId,
         class: Class,
         ok: bool,
         permitted: impl Into<String>,
         observed: impl Into<String>,
     ) -> bool {
-        let known = clauses::get(clause);
+        let known = clauses::get(clause.as_str());
         let level = known.map_or(Level::Must, |c| c.level);
         let class = known.map_or(class, |c| c.class.min(class));
         let verdict = match (ok, level) {
@@ -865,7 +866,7 @@ impl Rec {
             (false, _) => Verdict::NonStrict,
         };
         self.checks.push(CheckReport {
-            clause: clause.to_owned(),
+            clause: clause.to_string(),
             level,
             class,
             verdict,
@@ -892,14 +893,14 @@ impl Rec {
     /// one) as inconclusive.
     pub async fn check_effects(
         &mut self,
-        clause: &'static str,
+        clause: ClauseId,
         caller: usize,
         marker: &str,
         seen: &[&Response],
         want: u64,
         why: &str,
     ) -> Option<u64> {
-        let class = clauses::get(clause).map_or(Class::Safety, |c| c.class);
+        let class = clauses::get(clause.as_str()).map_or(Class::Safety, |c| c.class);
         self.check_effects_as(clause, class, caller, marker, seen, want, why)
             .await
     }
@@ -908,7 +909,7 @@ impl Rec {
     #[allow(clippy::too_many_arguments)]
     pub async fn check_effects_as(
         &mut self,
-        clause: &'static str,
+        clause: ClauseId,
         class: Class,
         caller: usize,
         marker: &str,
@@ -963,12 +964,12 @@ impl Rec {
     /// manifest declares no execution probe.
     pub async fn check_executions(
         &mut self,
-        clause: &'static str,
+        clause: ClauseId,
         marker: &str,
         want: u64,
         why: &str,
     ) -> Option<u64> {
-        let class = clauses::get(clause).map_or(Class::Safety, |c| c.class);
+        let class = clauses::get(clause.as_str()).map_or(Class::Safety, |c| c.class);
         self.check_executions_as(clause, class, marker, want, why)
             .await
     }
@@ -978,7 +979,7 @@ impl Rec {
     /// never safety.
     pub async fn check_executions_as(
         &mut self,
-        clause: &'static str,
+        clause: ClauseId,
         class: Class,
         marker: &str,
         want: u64,

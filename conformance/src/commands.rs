@@ -291,7 +291,11 @@ pub fn plan_text(loaded: &Loaded) -> String {
             c.tier().as_str(),
             c.title,
             status,
-            c.clauses.join(", ")
+            c.clauses
+                .iter()
+                .map(|c| c.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
         for p in (c.permitted)(m) {
             s.push_str(&format!("  permits: {p}\n"));

@@ -258,6 +258,8 @@ pub struct Client {
     rate: Arc<RateLimit>,
     budget: u64,
     effects: Arc<AtomicU64>,
+    /// The share of one case (and its view of the client), when counted.
+    case_effects: Option<Arc<AtomicU64>>,
     requests: Arc<AtomicU64>,
     secrets: Arc<BTreeSet<String>>,
 }
@@ -285,6 +287,7 @@ impl Client {
             }),
             budget: max_side_effects,
             effects: Arc::new(AtomicU64::new(0)),
+            case_effects: None,
             requests: Arc::new(AtomicU64::new(0)),
             secrets: Arc::new(
                 secret_headers
@@ -332,6 +335,22 @@ impl Client {
         self.budget
     }
 
+    /// The same client (limits, pool, budget) counting one case's share
+    /// of the budget apart.
+    pub fn for_case(&self) -> Client {
+        Client {
+            case_effects: Some(Arc::new(AtomicU64::new(0))),
+            ..self.clone()
+        }
+    }
+
+    /// State-changing requests sent through this case's view.
+    pub fn case_effects_used(&self) -> u64 {
+        self.case_effects
+            .as_ref()
+            .map_or(0, |c| c.load(Ordering::SeqCst))
+    }
+
     /// Reserves `n` side effects, or refuses without reserving any.
     fn reserve(&self, n: u64) -> Result<(), Failure> {
         self.effects
@@ -339,7 +358,11 @@ impl Client {
                 (used + n <= self.budget).then_some(used + n)
             })
             .map(|_| ())
-            .map_err(|_| Failure::Budget(self.budget))
+            .map_err(|_| Failure::Budget(self.budget))?;
+        if let Some(c) = &self.case_effects {
+            c.fetch_add(n, Ordering::SeqCst);
+        }
+        Ok(())
     }
 
     /// Sends one request under the limits. A read-only GET (a probe) that

@@ -58,6 +58,7 @@
 
 pub mod case;
 pub mod cases;
+pub mod clause;
 pub mod commands;
 pub mod demo;
 mod error;

@@ -17,6 +17,8 @@
 //! single-effect). An answer that never came is not a violation: the
 //! sequence is undecided, and the case inconclusive if nothing failed.
 
+use crate::clause;
+use crate::clause::ClauseId;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -171,7 +173,7 @@ pub fn sequence(with_clock: bool, window: u64) -> impl Strategy<Value = Vec<Op>>
 #[derive(Debug, Clone, Default)]
 pub struct Agreed {
     /// The clauses it exercised.
-    pub exercised: BTreeSet<&'static str>,
+    pub exercised: BTreeSet<ClauseId>,
     /// `curl` commands for its requests, secrets redacted.
     pub reproduction: Vec<String>,
 }
@@ -259,7 +261,7 @@ pub fn expect(model: &Model, caller: u8, key: u8, variant: u8, copies: usize) ->
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
     /// The clause broken.
-    pub clause: &'static str,
+    pub clause: ClauseId,
     /// What breaking it cost.
     pub class: Class,
     /// What the model permitted.
@@ -276,7 +278,7 @@ pub enum Judged {
     /// response to store when the request executed.
     Agreed {
         /// Clauses the step exercised.
-        exercised: Vec<&'static str>,
+        exercised: Vec<ClauseId>,
         /// The first execution's response (an `Execute` step), to store.
         executed: Option<Response>,
     },
@@ -290,7 +292,7 @@ pub enum Judged {
 }
 
 fn finding(
-    clause: &'static str,
+    clause: ClauseId,
     class: Class,
     permitted: impl Into<String>,
     observed: impl Into<String>,
@@ -325,7 +327,7 @@ pub fn judge(
         .join(" | ");
     if let Some(proof) = leak {
         return finding(
-            "idem.scope.caller",
+            clause!("idem.scope.caller"),
             Class::Safety,
             "never the other caller's stored response",
             format!("{shown} ({proof})"),
@@ -345,31 +347,31 @@ pub fn judge(
                 }
                 let (clause, permitted) = if other_caller.is_some() {
                     (
-                        "idem.scope.caller",
+                        clause!("idem.scope.caller"),
                         "the other caller's use of the key neither blocks nor refuses this one: it executes",
                     )
                 } else if *after_expiry {
                     (
-                        "idem.window.expiry",
+                        clause!("idem.window.expiry"),
                         "a key reused after its window executes as a new request",
                     )
                 } else {
                     (
-                        "idem.state.three-states",
+                        clause!("idem.state.three-states"),
                         "an absent key executes: a 2xx that is not a replay",
                     )
                 };
                 return finding(clause, Class::Semantics, permitted, shown);
             };
-            let mut exercised = vec!["idem.state.three-states"];
+            let mut exercised = vec![clause!("idem.state.three-states")];
             if other_caller.is_some() {
-                exercised.push("idem.scope.caller");
+                exercised.push(clause!("idem.scope.caller"));
             }
             if *after_expiry {
-                exercised.push("idem.window.expiry");
+                exercised.push(clause!("idem.window.expiry"));
             }
             if *copies > 1 {
-                exercised.push("idem.concurrency.single-effect");
+                exercised.push(clause!("idem.concurrency.single-effect"));
                 // More than one execution answered, or answers that are
                 // neither refusals nor replays: the count decides first, so
                 // a safety failure is never masked by a milder one.
@@ -378,7 +380,7 @@ pub fn judge(
                         None => return Judged::NeedsCount,
                         Some(got) if got > 1 => {
                             return finding(
-                                "idem.concurrency.single-effect",
+                                clause!("idem.concurrency.single-effect"),
                                 Class::Safety,
                                 format!("{copies} concurrent copies with one key: one effect"),
                                 format!("{got} effects; answers {shown}"),
@@ -389,7 +391,7 @@ pub fn judge(
                 }
                 if !o.other.is_empty() {
                     return finding(
-                        "idem.concurrency.single-effect",
+                        clause!("idem.concurrency.single-effect"),
                         Class::Semantics,
                         "every other copy refused or answered with an identical replay",
                         concurrency::tally(&o.other),
@@ -417,7 +419,7 @@ pub fn judge(
                         None => return Judged::NeedsCount,
                         Some(got) if got > want => {
                             return finding(
-                                "idem.replay.no-reexecution",
+                                clause!("idem.replay.no-reexecution"),
                                 Class::Safety,
                                 format!("a resend of a completed request: {want} effect(s)"),
                                 format!("{got} effects; {}", r.summary()),
@@ -428,22 +430,22 @@ pub fn judge(
                 }
                 return match age {
                     Some(age) => finding(
-                        "idem.window.replay",
+                        clause!("idem.window.replay"),
                         Class::Semantics,
                         format!("a replay: the key is {age} s old, inside the {window} s window"),
                         r.summary(),
                     ),
                     None => finding(
-                        "idem.replay.verbatim",
+                        clause!("idem.replay.verbatim"),
                         Class::Semantics,
                         "a verbatim replay of the stored response",
                         r.summary(),
                     ),
                 };
             }
-            let mut exercised = vec!["idem.replay.verbatim"];
+            let mut exercised = vec![clause!("idem.replay.verbatim")];
             if age.is_some() {
-                exercised.push("idem.window.replay");
+                exercised.push(clause!("idem.window.replay"));
             }
             Judged::Agreed {
                 exercised,
@@ -457,7 +459,7 @@ pub fn judge(
                     || r.replayed()
                 {
                     return finding(
-                        "idem.fingerprint.mismatch",
+                        clause!("idem.fingerprint.mismatch"),
                         Class::Safety,
                         "a changed body under a used key is never answered with the stored response",
                         r.summary(),
@@ -465,7 +467,7 @@ pub fn judge(
                 }
                 if !(400..500).contains(&r.status) {
                     return finding(
-                        "idem.fingerprint.mismatch",
+                        clause!("idem.fingerprint.mismatch"),
                         Class::Semantics,
                         format!(
                             "a changed body under a used key is refused ({} as declared)",
@@ -476,7 +478,7 @@ pub fn judge(
                 }
             }
             Judged::Agreed {
-                exercised: vec!["idem.fingerprint.mismatch"],
+                exercised: vec![clause!("idem.fingerprint.mismatch")],
                 executed: None,
             }
         }
@@ -493,9 +495,9 @@ pub fn judge_count(marker: &str, want: u64, got: u64, burst: bool) -> Option<Fin
         return None;
     }
     let (clause, class) = match (got > want, burst) {
-        (true, true) => ("idem.concurrency.single-effect", Class::Safety),
-        (true, false) => ("idem.replay.no-reexecution", Class::Safety),
-        (false, _) => ("idem.state.three-states", Class::Semantics),
+        (true, true) => (clause!("idem.concurrency.single-effect"), Class::Safety),
+        (true, false) => (clause!("idem.replay.no-reexecution"), Class::Safety),
+        (false, _) => (clause!("idem.state.three-states"), Class::Semantics),
     };
     Some(Finding {
         clause,
@@ -553,16 +555,16 @@ async fn execute_recording(
     ops: &[Op],
     tag: &str,
     repro: &mut Vec<String>,
-) -> Result<BTreeSet<&'static str>, Stop> {
+) -> Result<BTreeSet<ClauseId>, Stop> {
     let mut model = Model {
         window: ctx.manifest.policy.replay_window_secs,
         ..Model::default()
     };
     let mut narrative: Vec<String> = Vec::new();
-    let mut exercised: BTreeSet<&'static str> = BTreeSet::new();
+    let mut exercised: BTreeSet<ClauseId> = BTreeSet::new();
     let violation = |narrative: &[String], f: Finding| {
         Stop::Violation(Violation {
-            clause: f.clause.to_owned(),
+            clause: f.clause.to_string(),
             class: f.class,
             permitted: f.permitted,
             observed: f.observed,
@@ -723,7 +725,7 @@ async fn execute_recording(
         }
     }
     if !seen.is_empty() {
-        exercised.insert("idem.replay.no-reexecution");
+        exercised.insert(clause!("idem.replay.no-reexecution"));
     }
     Ok(exercised)
 }
@@ -734,14 +736,14 @@ pub fn case() -> Case {
         id: "model.sequences",
         title: "generated operation sequences (send, resend, changed body, other caller, bursts, clock) agree with the contract model",
         clauses: &[
-            "idem.replay.verbatim",
-            "idem.window.replay",
-            "idem.window.expiry",
-            "idem.fingerprint.mismatch",
-            "idem.scope.caller",
-            "idem.concurrency.single-effect",
-            "idem.replay.no-reexecution",
-            "idem.state.three-states",
+            clause!("idem.replay.verbatim"),
+            clause!("idem.window.replay"),
+            clause!("idem.window.expiry"),
+            clause!("idem.fingerprint.mismatch"),
+            clause!("idem.scope.caller"),
+            clause!("idem.concurrency.single-effect"),
+            clause!("idem.replay.no-reexecution"),
+            clause!("idem.state.three-states"),
         ],
         needs: &[],
         aim: Aim::Main,
@@ -770,7 +772,7 @@ async fn property(rec: &mut Rec) {
     let c2 = counter.clone();
     let ctx2 = ctx.clone();
     // What every agreeing sequence exercised, and the first undecided one.
-    let exercised = Arc::new(std::sync::Mutex::new(BTreeSet::<&'static str>::new()));
+    let exercised = Arc::new(std::sync::Mutex::new(BTreeSet::<ClauseId>::new()));
     // The reproduction of the longest agreeing sequence, as an example.
     let example = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let ex3 = example.clone();
@@ -851,7 +853,7 @@ async fn property(rec: &mut Rec) {
             for c in case().clauses {
                 if exercised.contains(c) {
                     rec.check(
-                        c,
+                        *c,
                         true,
                         "as the model predicts",
                         format!("{cases} sequences agreed"),
@@ -863,6 +865,7 @@ async fn property(rec: &mut Rec) {
                 .iter()
                 .copied()
                 .filter(|c| !exercised.contains(c))
+                .map(ClauseId::as_str)
                 .collect();
             if !skipped.is_empty() {
                 rec.note(format!(
@@ -925,7 +928,7 @@ async fn property(rec: &mut Rec) {
                 .iter()
                 .copied()
                 .find(|c| *c == final_v.clause)
-                .unwrap_or("idem.state.three-states");
+                .unwrap_or(clause!("idem.state.three-states"));
             rec.check_as(
                 clause,
                 final_v.class,
@@ -969,7 +972,7 @@ mod tests {
                 Op::Advance { secs: 60 },
             ],
             violation: Violation {
-                clause: "idem.scope.caller".into(),
+                clause: clause!("idem.scope.caller").into(),
                 class: Class::Safety,
                 permitted: "p".into(),
                 observed: "o".into(),

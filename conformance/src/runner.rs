@@ -232,6 +232,7 @@ async fn run_with_rerun(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
             checks: again.checks,
             narrative: again.narrative,
             reproduction: again.reproduction,
+            side_effect_requests: again.side_effect_requests,
         });
     }
     result
@@ -363,7 +364,9 @@ pub async fn run_case(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
         (case.run)(&mut rec).await;
     }
     let verdict = rec.verdict();
+    let side_effect_requests = ctx.client.case_effects_used();
     CaseReport {
+        side_effect_requests,
         id: case.id.to_owned(),
         family: case.family().to_owned(),
         title: case.title.to_owned(),
@@ -586,6 +589,7 @@ mod tests {
             reproduction: vec![],
             waived: None,
             duration_ms: 0,
+            side_effect_requests: 0,
             rerun: None,
         }
     }

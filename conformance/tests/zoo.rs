@@ -145,6 +145,10 @@ struct Cell {
     results: BTreeSet<&'static str>,
     failures: BTreeSet<(String, Class)>,
     problems: Vec<String>,
+    /// The most state-changing requests each case sent in one run (first
+    /// run or re-run), and the most a whole run sent.
+    spend: BTreeMap<String, u64>,
+    run_spend: u64,
 }
 
 fn judge(
@@ -254,6 +258,14 @@ fn judge(
     }
     cell.results.insert(r.summary.result.as_str());
     cell.failures.extend(fails);
+    for c in &r.cases {
+        let most = c
+            .side_effect_requests
+            .max(c.rerun.as_ref().map_or(0, |x| x.side_effect_requests));
+        let e = cell.spend.entry(c.id.clone()).or_default();
+        *e = (*e).max(most);
+    }
+    cell.run_spend = cell.run_spend.max(r.side_effect_requests);
 }
 
 fn name(defect: Option<Defect>) -> &'static str {
@@ -356,6 +368,32 @@ async fn every_dialect_and_defect_is_judged_by_behaviour_not_spelling() {
         .values()
         .flat_map(|(_, _, _, c)| c.problems.iter())
         .collect();
+    // The side-effect budget an API on which every case fails would need:
+    // each case's most expensive run in any cell, twice (the automatic
+    // re-run). The default budget must cover it.
+    let mut per_case: BTreeMap<&str, u64> = BTreeMap::new();
+    for (_, _, _, c) in done.values() {
+        for (id, n) in &c.spend {
+            let e = per_case.entry(id.as_str()).or_default();
+            *e = (*e).max(*n);
+        }
+    }
+    let every_case_fails: u64 = per_case.values().map(|n| 2 * n).sum();
+    let most_in_a_run = done
+        .values()
+        .map(|(_, _, _, c)| c.run_spend)
+        .max()
+        .unwrap_or(0);
+    let default_budget = idem_spec::manifest::Limits::default().max_side_effects;
+    eprintln!(
+        "side effects: at most {most_in_a_run} in one run; {every_case_fails} if every case failed and re-ran; default budget {default_budget}"
+    );
+    if only.is_none() {
+        assert!(
+            every_case_fails <= default_budget,
+            "the default side-effect budget ({default_budget}) does not cover a run in which every case fails and re-runs ({every_case_fails}): {per_case:?}"
+        );
+    }
     let mut table = vec![
         "| Dialect | Defect | Result | Own clause (class) | Safety failures | Semantics failures | Interop findings |".to_owned(),
         "|---|---|---|---|---|---|---|".to_owned(),

@@ -9,6 +9,7 @@
 //! for a double effect: from outside, a non-atomic claim and a missing
 //! in-flight state look the same, and the kit reports what it saw.
 
+use crate::clause;
 use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 
@@ -26,12 +27,12 @@ pub fn cases() -> Vec<Case> {
             id: "concurrency.gate",
             title: "N identical concurrent requests (one key) execute exactly once",
             clauses: &[
-                "idem.concurrency.single-effect",
-                "idem.inflight.conflict",
-                "idem.inflight.retry-after",
-                "idem.replay.verbatim",
-                "idem.replay.marker",
-                "idem.errors.profiles",
+                clause!("idem.concurrency.single-effect"),
+                clause!("idem.inflight.conflict"),
+                clause!("idem.inflight.retry-after"),
+                clause!("idem.replay.verbatim"),
+                clause!("idem.replay.marker"),
+                clause!("idem.errors.profiles"),
             ],
             needs: &[],
             aim: Aim::Main,
@@ -48,7 +49,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "concurrency.two-callers",
             title: "two callers racing with the same key each execute exactly once",
-            clauses: &["idem.scope.caller", "idem.concurrency.single-effect"],
+            clauses: &[
+                clause!("idem.scope.caller"),
+                clause!("idem.concurrency.single-effect"),
+            ],
             needs: &[],
             aim: Aim::Main,
             alone: shared,
@@ -246,7 +250,7 @@ async fn gate(rec: &mut Rec) {
         let responses: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
         let Some(effects) = rec
             .check_effects(
-                "idem.concurrency.single-effect",
+                clause!("idem.concurrency.single-effect"),
                 0,
                 &marker,
                 &responses,
@@ -263,7 +267,7 @@ async fn gate(rec: &mut Rec) {
         // their consequence, already judged above: not a second finding.
         if effects <= 1 {
             rec.check_as(
-                "idem.concurrency.single-effect",
+                clause!("idem.concurrency.single-effect"),
                 Class::Semantics,
                 o.other.is_empty(),
                 "every answer but one is a refusal or an identical replay",
@@ -274,7 +278,7 @@ async fn gate(rec: &mut Rec) {
             // Distinct 2xx bodies for one effect: replays that are not the
             // stored response.
             rec.check(
-                "idem.replay.verbatim",
+                clause!("idem.replay.verbatim"),
                 false,
                 "replays identical to the execution",
                 format!("{} 2xx answers unlike the execution", o.executed - 1),
@@ -284,7 +288,7 @@ async fn gate(rec: &mut Rec) {
             // Positive evidence only: duplicates arrived in flight, were
             // refused, and nothing ran twice.
             rec.check(
-                "idem.inflight.conflict",
+                clause!("idem.inflight.conflict"),
                 true,
                 "duplicates that arrive in flight are refused, not executed",
                 format!("{} refused in flight; one effect", o.conflicts),
@@ -293,7 +297,7 @@ async fn gate(rec: &mut Rec) {
         if o.conflicts + o.other_refusals.len() > 0 {
             let declared = rec.ctx.spelled(ErrorCode::IdempotencyKeyInUse);
             rec.check(
-                "idem.errors.profiles",
+                clause!("idem.errors.profiles"),
                 o.conflicts_as_declared == o.refused(),
                 format!("every in-flight refusal is {declared}"),
                 format!(
@@ -310,7 +314,7 @@ async fn gate(rec: &mut Rec) {
         }
         if o.conflicts > 0 {
             rec.check(
-                "idem.inflight.retry-after",
+                clause!("idem.inflight.retry-after"),
                 o.conflicts_without_retry_after == 0,
                 "every in-flight refusal carries Retry-After",
                 format!(
@@ -321,7 +325,7 @@ async fn gate(rec: &mut Rec) {
         }
         if o.identical_replays > 0 {
             rec.check(
-                "idem.replay.marker",
+                clause!("idem.replay.marker"),
                 o.replays_without_marker == 0,
                 "every replay carries Idempotent-Replayed: true",
                 format!(
@@ -435,7 +439,7 @@ async fn two_callers(rec: &mut Rec) {
             })
             .collect();
         rec.check(
-            "idem.scope.caller",
+            clause!("idem.scope.caller"),
             leaked.is_empty(),
             format!("{who}: never the other caller's response"),
             format!(
@@ -467,7 +471,7 @@ async fn two_callers(rec: &mut Rec) {
             .filter(|r| r.status == 409 || rec.ctx.is(r, ErrorCode::IdempotencyKeyInUse))
             .count();
         rec.check_as(
-            "idem.scope.caller",
+            clause!("idem.scope.caller"),
             Class::Semantics,
             mismatches == 0,
             format!("{who}: no mismatch caused by the other caller's use of the key"),
@@ -475,7 +479,7 @@ async fn two_callers(rec: &mut Rec) {
         );
         let blocked = !executed_own && in_use > 0;
         rec.check_as(
-            "idem.scope.caller",
+            clause!("idem.scope.caller"),
             Class::Semantics,
             !blocked,
             format!(
@@ -493,11 +497,11 @@ async fn two_callers(rec: &mut Rec) {
         // wrong effect count is that scoping failure (safety if a response
         // leaked, semantics if the caller was only refused), not a race.
         let (clause, class) = if !leaked.is_empty() {
-            ("idem.scope.caller", Class::Safety)
+            (clause!("idem.scope.caller"), Class::Safety)
         } else if mismatches > 0 || blocked {
-            ("idem.scope.caller", Class::Semantics)
+            (clause!("idem.scope.caller"), Class::Semantics)
         } else {
-            ("idem.concurrency.single-effect", Class::Safety)
+            (clause!("idem.concurrency.single-effect"), Class::Safety)
         };
         rec.check_effects_as(
             clause,

@@ -9,6 +9,7 @@
 //! (`semantics`: the answer is not the stored one, the key was not
 //! released) and says what it could not.
 
+use crate::clause;
 use idem_spec::clauses::Class;
 use idem_spec::policy::FailurePolicy;
 use idem_spec::report::Verdict;
@@ -37,9 +38,9 @@ pub fn cases() -> Vec<Case> {
             id: "failure.4xx-final",
             title: "a 4xx outcome after the claim is stored and replayed",
             clauses: &[
-                "idem.failure.final-outcomes",
-                "idem.replay.verbatim",
-                "idem.replay.marker",
+                clause!("idem.failure.final-outcomes"),
+                clause!("idem.replay.verbatim"),
+                clause!("idem.replay.marker"),
             ],
             needs: &[Need::REJECTED_BODY],
             aim: Aim::Main,
@@ -55,7 +56,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "failure.5xx-not-stored",
             title: "a 5xx is not stored: the same key afterwards executes",
-            clauses: &["idem.failure.5xx-not-stored", "idem.claim.transactional"],
+            clauses: &[
+                clause!("idem.failure.5xx-not-stored"),
+                clause!("idem.claim.transactional"),
+            ],
             needs: &[SERVER_ERROR],
             aim: Aim::Main,
             alone: shared,
@@ -70,7 +74,7 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "failure.before-claim",
             title: "a body refused for its size is refused before the claim: the key stays free",
-            clauses: &["idem.failure.before-claim"],
+            clauses: &[clause!("idem.failure.before-claim")],
             needs: &[],
             aim: Aim::Main,
             alone: shared,
@@ -136,7 +140,7 @@ async fn final_4xx(rec: &mut Rec) {
     // A final 4xx that now succeeds was executed again: the caller was told
     // "no", then the operation happened.
     rec.check(
-        "idem.failure.final-outcomes",
+        clause!("idem.failure.final-outcomes"),
         !rec.ctx.executed(&r2, Some(&r1)),
         format!("the {} is final: never executed again", r1.status),
         r2.summary(),
@@ -146,7 +150,7 @@ async fn final_4xx(rec: &mut Rec) {
         r1.status
     ));
     rec.check_as(
-        "idem.failure.final-outcomes",
+        clause!("idem.failure.final-outcomes"),
         Class::Semantics,
         r2.same_outcome(&r1),
         format!("the {} is final: replayed", r1.status),
@@ -155,7 +159,7 @@ async fn final_4xx(rec: &mut Rec) {
     check_replay(rec, &r1, &r2, "R2");
     if rec
         .check_executions(
-            "idem.failure.final-outcomes",
+            clause!("idem.failure.final-outcomes"),
             &marker,
             1,
             &format!("a final {} retried with its key", r1.status),
@@ -265,7 +269,7 @@ async fn by_failpoint(rec: &mut Rec) {
         return;
     }
     rec.check_effects(
-        "idem.claim.transactional",
+        clause!("idem.claim.transactional"),
         0,
         &marker,
         &[&r1],
@@ -286,7 +290,7 @@ async fn by_failpoint(rec: &mut Rec) {
 /// execution. The 5xx replayed is safety; the key still held is semantics.
 async fn retry_after_5xx(rec: &mut Rec, r1: &Response, r2: &Response, marker: &str) {
     rec.check(
-        "idem.failure.5xx-not-stored",
+        clause!("idem.failure.5xx-not-stored"),
         !(r2.same_outcome(r1) || r2.status >= 500 && replayed(rec, r1, r2)),
         "the retry is not answered with the stored 5xx",
         r2.summary(),
@@ -296,14 +300,14 @@ async fn retry_after_5xx(rec: &mut Rec, r1: &Response, r2: &Response, marker: &s
         r1.status
     ));
     rec.check_as(
-        "idem.failure.5xx-not-stored",
+        clause!("idem.failure.5xx-not-stored"),
         Class::Semantics,
         rec.ctx.executed(r2, None),
         "a fresh execution: the 5xx released the key",
         r2.summary(),
     );
     rec.check_effects_as(
-        "idem.failure.5xx-not-stored",
+        clause!("idem.failure.5xx-not-stored"),
         Class::Semantics,
         0,
         marker,
@@ -337,7 +341,7 @@ async fn by_body(rec: &mut Rec) {
         return;
     }
     rec.check_effects(
-        "idem.claim.transactional",
+        clause!("idem.claim.transactional"),
         0,
         &marker,
         &[&r1],
@@ -353,7 +357,7 @@ async fn by_body(rec: &mut Rec) {
     if r2.status >= 500 {
         let marked = rec.ctx.manifest.marked(&r2) == Some(true) || r2.replayed();
         rec.check(
-            "idem.failure.5xx-not-stored",
+            clause!("idem.failure.5xx-not-stored"),
             !marked,
             "the retry's 5xx is its own, not the stored one marked as a replay",
             r2.summary(),
@@ -373,7 +377,7 @@ async fn by_body(rec: &mut Rec) {
     };
     match rec
         .check_executions_as(
-            "idem.failure.5xx-not-stored",
+            clause!("idem.failure.5xx-not-stored"),
             class,
             &marker,
             2,
@@ -545,7 +549,7 @@ async fn before_claim(rec: &mut Rec) {
         return;
     };
     rec.check(
-        "idem.failure.before-claim",
+        clause!("idem.failure.before-claim"),
         rec.ctx.executed(&r2, None),
         format!(
             "a fresh execution: the {status} was decided before the claim and the key stayed free"
@@ -553,7 +557,7 @@ async fn before_claim(rec: &mut Rec) {
         r2.summary(),
     );
     rec.check_effects(
-        "idem.failure.before-claim",
+        clause!("idem.failure.before-claim"),
         0,
         &marker,
         &[&r2],

@@ -1,6 +1,7 @@
 //! The in-flight family: a duplicate of a running request is refused with
 //! 409 in-use and Retry-After, or held and replayed under `Prefer: wait`.
 
+use crate::clause;
 use std::time::Duration;
 
 use idem_spec::ErrorCode;
@@ -21,10 +22,10 @@ pub fn cases() -> Vec<Case> {
             id: "inflight.conflict",
             title: "a duplicate of a request held in flight gets 409 in use with Retry-After",
             clauses: &[
-                "idem.inflight.conflict",
-                "idem.inflight.retry-after",
-                "idem.state.three-states",
-                "idem.errors.profiles",
+                clause!("idem.inflight.conflict"),
+                clause!("idem.inflight.retry-after"),
+                clause!("idem.state.three-states"),
+                clause!("idem.errors.profiles"),
             ],
             needs: &[Need::PAUSE],
             aim: Aim::Main,
@@ -48,8 +49,8 @@ pub fn cases() -> Vec<Case> {
             id: "inflight.prefer-wait",
             title: "with Prefer: wait, concurrent duplicates are held and replayed",
             clauses: &[
-                "idem.inflight.prefer-wait",
-                "idem.concurrency.single-effect",
+                clause!("idem.inflight.prefer-wait"),
+                clause!("idem.concurrency.single-effect"),
             ],
             needs: &[Need::PREFER_WAIT],
             aim: Aim::Main,
@@ -175,7 +176,7 @@ async fn conflict(rec: &mut Rec) {
         // Retry-After: interop.
         let refused = (400..500).contains(&d.status);
         rec.check(
-            "idem.inflight.conflict",
+            clause!("idem.inflight.conflict"),
             !rec.ctx.executed(&d, first.as_ref()),
             "the duplicate is not executed while the original is in flight",
             d.summary(),
@@ -190,7 +191,7 @@ async fn conflict(rec: &mut Rec) {
             // held duplicate, that it got the original's answer.
             if !refused && let Some(f) = first.as_ref() {
                 rec.check_as(
-                    "idem.inflight.conflict",
+                    clause!("idem.inflight.conflict"),
                     Class::Semantics,
                     d.same_outcome(f),
                     "a held duplicate is answered with the original's response",
@@ -199,7 +200,7 @@ async fn conflict(rec: &mut Rec) {
             }
             let seen: Vec<&Response> = first.iter().chain(std::iter::once(&d)).collect();
             rec.check_effects(
-                "idem.inflight.conflict",
+                clause!("idem.inflight.conflict"),
                 0,
                 &marker,
                 &seen,
@@ -210,7 +211,7 @@ async fn conflict(rec: &mut Rec) {
             return;
         }
         rec.check_as(
-            "idem.inflight.conflict",
+            clause!("idem.inflight.conflict"),
             Class::Semantics,
             refused,
             format!(
@@ -222,21 +223,21 @@ async fn conflict(rec: &mut Rec) {
         if refused {
             check_spelling(rec, &d, ErrorCode::IdempotencyKeyInUse, "the duplicate");
             rec.check(
-                "idem.inflight.retry-after",
+                clause!("idem.inflight.retry-after"),
                 d.header("retry-after").is_some(),
                 "Retry-After present",
                 d.summary(),
             );
         }
         rec.check(
-            "idem.state.three-states",
+            clause!("idem.state.three-states"),
             refused && !d.replayed(),
             "in flight is neither absent (execute) nor complete (replay)",
             d.summary(),
         );
         let seen: Vec<&Response> = first.iter().chain(std::iter::once(&d)).collect();
         rec.check_effects(
-            "idem.inflight.conflict",
+            clause!("idem.inflight.conflict"),
             0,
             &marker,
             &seen,
@@ -265,14 +266,14 @@ async fn prefer_wait(rec: &mut Rec) {
     }
     let o = classify(&rec.ctx, &sent);
     rec.check(
-        "idem.inflight.prefer-wait",
+        clause!("idem.inflight.prefer-wait"),
         o.executed == 1 && o.refused() == 0 && o.other.is_empty(),
         "duplicates held until the original finished, then replayed",
         o.describe(),
     );
     let responses: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
     rec.check_effects(
-        "idem.concurrency.single-effect",
+        clause!("idem.concurrency.single-effect"),
         0,
         &marker,
         &responses,

@@ -1,6 +1,7 @@
 //! The replay family: a duplicate of a completed request gets the stored
 //! response byte for byte, with the marker, and causes nothing.
 
+use crate::clause;
 use idem_spec::clauses::Class;
 
 use super::{check_marked, check_replay, fresh};
@@ -14,11 +15,11 @@ pub fn cases() -> Vec<Case> {
             id: "replay.verbatim",
             title: "a duplicate of a completed request is replayed byte for byte, with the marker, without re-executing",
             clauses: &[
-                "idem.replay.verbatim",
-                "idem.replay.marker",
-                "idem.replay.no-reexecution",
-                "idem.state.three-states",
-                "idem.failure.final-outcomes",
+                clause!("idem.replay.verbatim"),
+                clause!("idem.replay.marker"),
+                clause!("idem.replay.no-reexecution"),
+                clause!("idem.state.three-states"),
+                clause!("idem.failure.final-outcomes"),
             ],
             needs: &[],
             aim: Aim::Main,
@@ -35,8 +36,8 @@ pub fn cases() -> Vec<Case> {
             id: "replay.canonical-json",
             title: "key order and whitespace do not make a retry a different request",
             clauses: &[
-                "idem.fingerprint.canonical-json",
-                "idem.replay.no-reexecution",
+                clause!("idem.fingerprint.canonical-json"),
+                clause!("idem.replay.no-reexecution"),
             ],
             needs: &[],
             aim: Aim::Main,
@@ -64,7 +65,7 @@ async fn verbatim(rec: &mut Rec) {
     };
     check_replay(rec, &first, &r2, "R2");
     rec.check(
-        "idem.state.three-states",
+        clause!("idem.state.three-states"),
         r2.same_outcome(&first),
         "complete key: the stored response",
         r2.summary(),
@@ -72,7 +73,7 @@ async fn verbatim(rec: &mut Rec) {
     // A final outcome not replayed is a semantics finding; executed again
     // (the probes below) it is a safety one.
     rec.check_as(
-        "idem.failure.final-outcomes",
+        clause!("idem.failure.final-outcomes"),
         Class::Semantics,
         r2.same_outcome(&first),
         format!("the 2xx outcome ({}) is stored and replayed", first.status),
@@ -86,7 +87,7 @@ async fn verbatim(rec: &mut Rec) {
     };
     check_replay(rec, &first, &r3, "R3");
     rec.check_effects(
-        "idem.replay.no-reexecution",
+        clause!("idem.replay.no-reexecution"),
         0,
         &marker,
         &[&first, &r2, &r3],
@@ -95,7 +96,7 @@ async fn verbatim(rec: &mut Rec) {
     )
     .await;
     rec.check_executions(
-        "idem.replay.no-reexecution",
+        clause!("idem.replay.no-reexecution"),
         &marker,
         1,
         "R2 and R3 are replays",
@@ -148,7 +149,7 @@ async fn canonical(rec: &mut Rec) {
         return;
     };
     rec.check(
-        "idem.fingerprint.canonical-json",
+        clause!("idem.fingerprint.canonical-json"),
         r2.same_outcome(&first),
         "a replay of R1 (the same JSON value)",
         r2.summary(),
@@ -157,7 +158,7 @@ async fn canonical(rec: &mut Rec) {
         check_marked(rec, &r2, "the replay");
     }
     rec.check_effects(
-        "idem.replay.no-reexecution",
+        clause!("idem.replay.no-reexecution"),
         0,
         &marker,
         &[&first, &r2],

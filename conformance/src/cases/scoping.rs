@@ -7,6 +7,7 @@
 //! failure of the same clause. A broken replay of a caller's own request is
 //! the replay's finding, not scope's.
 
+use crate::clause;
 use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 
@@ -19,7 +20,10 @@ pub fn cases() -> Vec<Case> {
     vec![Case {
         id: "scope.other-caller",
         title: "the same key from another caller executes independently and never replays the first caller's response",
-        clauses: &["idem.scope.caller", "idem.replay.verbatim"],
+        clauses: &[
+            clause!("idem.scope.caller"),
+            clause!("idem.replay.verbatim"),
+        ],
         needs: &[],
         aim: Aim::Main,
         alone: shared,
@@ -84,7 +88,7 @@ async fn other_caller(rec: &mut Rec) {
     };
     let leak = proof.is_some();
     rec.check(
-        "idem.scope.caller",
+        clause!("idem.scope.caller"),
         !leak,
         format!("never {alice}'s stored response"),
         match &proof {
@@ -98,7 +102,7 @@ async fn other_caller(rec: &mut Rec) {
     ));
     if !leak {
         rec.check_as(
-            "idem.scope.caller",
+            clause!("idem.scope.caller"),
             Class::Semantics,
             rec.ctx.executed(&b1, Some(&alice_first)),
             format!(
@@ -108,7 +112,7 @@ async fn other_caller(rec: &mut Rec) {
         );
     }
     rec.check_effects_as(
-        "idem.scope.caller",
+        clause!("idem.scope.caller"),
         Class::Semantics,
         1,
         &bob_marker,
@@ -118,7 +122,7 @@ async fn other_caller(rec: &mut Rec) {
     )
     .await;
     rec.check_effects_as(
-        "idem.scope.caller",
+        clause!("idem.scope.caller"),
         Class::Semantics,
         0,
         &alice_marker,
@@ -141,7 +145,7 @@ async fn other_caller(rec: &mut Rec) {
         && !b1.same_payload(&alice_first)
         && String::from_utf8_lossy(&a2.body).contains(bob_marker.as_str());
     rec.check(
-        "idem.scope.caller",
+        clause!("idem.scope.caller"),
         !leak,
         format!("never {bob}'s response"),
         a2.summary(),
@@ -207,7 +211,7 @@ async fn other_caller(rec: &mut Rec) {
     };
     let leak = proof.is_some();
     rec.check(
-        "idem.scope.caller",
+        clause!("idem.scope.caller"),
         !leak,
         format!("{bob}'s own answer: not a replay of {alice}'s"),
         match &proof {
@@ -225,7 +229,7 @@ async fn other_caller(rec: &mut Rec) {
         let conflict = rec.ctx.is(&b2, ErrorCode::IdempotencyKeyMismatch)
             || rec.ctx.is(&b2, ErrorCode::IdempotencyKeyInUse);
         rec.check_as(
-            "idem.scope.caller",
+            clause!("idem.scope.caller"),
             Class::Semantics,
             !conflict,
             format!("{bob}'s own answer, not a key conflict caused by {alice}"),
