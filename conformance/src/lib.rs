@@ -65,6 +65,7 @@ mod error;
 pub mod http;
 pub mod manifest;
 pub mod model;
+pub mod openapi;
 pub mod probe;
 pub mod proxy;
 pub mod report;

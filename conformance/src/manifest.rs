@@ -661,7 +661,7 @@ match_pointer = "/memo"
 
 # Safety: the run stops before exceeding these.
 [limits]
-max_side_effects = 500        # state-changing requests per run
+max_side_effects = 1500       # state-changing requests per run, re-runs included; running out is a harness error naming the case
 requests_per_second = 50
 concurrency = 32              # requests released together by the concurrency gate
 parallel_cases = 4            # cases run at once (those that hold requests, restart or move the clock run alone)

@@ -985,6 +985,293 @@ mod tests {
         assert_eq!(back.ops, cx.ops);
     }
 
+    fn ctx() -> Ctx {
+        let m = crate::manifest::parse(crate::manifest::TEMPLATE, "t")
+            .expect("template")
+            .manifest;
+        let client = crate::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
+            .expect("client");
+        Ctx::new(m, client, "run".into(), 1)
+    }
+
+    fn r(status: u16, body: &str, replayed: bool) -> Sent {
+        let mut headers = vec![];
+        if replayed {
+            headers.push(("idempotent-replayed".into(), "true".into()));
+        }
+        Ok(Response {
+            status,
+            headers,
+            body: body.as_bytes().to_vec(),
+        })
+    }
+
+    fn resp(status: u16, body: &str) -> Response {
+        r(status, body, false).expect("a response")
+    }
+
+    fn stored(body: &str) -> Stored {
+        Stored {
+            variant: 0,
+            response: Some(resp(201, body)),
+            at: 0,
+        }
+    }
+
+    #[test]
+    fn the_expectation_follows_the_model_state() {
+        let mut m = Model {
+            window: 100,
+            ..Model::default()
+        };
+        assert!(matches!(
+            expect(&m, 0, 0, 0, 1),
+            Expect::Execute {
+                other_caller: None,
+                after_expiry: false,
+                copies: 1
+            }
+        ));
+        m.keys.insert((1, 0), stored(r#"{"id":9}"#));
+        assert!(matches!(
+            expect(&m, 0, 0, 0, 3),
+            Expect::Execute {
+                other_caller: Some(_),
+                copies: 3,
+                ..
+            }
+        ));
+        m.keys.insert((0, 0), stored(r#"{"id":1}"#));
+        assert!(matches!(
+            expect(&m, 0, 0, 0, 1),
+            Expect::Replay { age: None, .. }
+        ));
+        assert!(matches!(expect(&m, 0, 0, 1, 1), Expect::Mismatch { .. }));
+        advance(&mut m, 50);
+        assert!(matches!(
+            expect(&m, 0, 0, 0, 1),
+            Expect::Replay {
+                age: Some(50),
+                window: 100,
+                ..
+            }
+        ));
+        advance(&mut m, 60);
+        assert!(matches!(
+            expect(&m, 0, 0, 1, 1),
+            Expect::Execute {
+                after_expiry: true,
+                ..
+            }
+        ));
+    }
+
+    /// (what, expectation, answers, leak proof, count, want) → judged
+    /// clause and class (None: agreed).
+    #[test]
+    fn the_judge_table() {
+        let c = ctx();
+        let exec = |copies| Expect::Execute {
+            other_caller: None,
+            after_expiry: false,
+            copies,
+        };
+        let replay = Expect::Replay {
+            stored: Some(resp(201, r#"{"id":1}"#)),
+            age: None,
+            window: 100,
+        };
+        let mismatch = Expect::Mismatch {
+            stored: Some(resp(201, r#"{"id":1}"#)),
+        };
+        let in_use = r(409, r#"{"code":"idempotency_key_in_use"}"#, false);
+        type Row = (
+            &'static str,
+            Expect,
+            Vec<Sent>,
+            Option<&'static str>,
+            Option<u64>,
+            u64,
+            Option<(&'static str, Class)>,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "a fresh send executes",
+                exec(1),
+                vec![r(201, r#"{"id":1}"#, false)],
+                None,
+                None,
+                0,
+                None,
+            ),
+            (
+                "a burst: one execution, refusals and replays",
+                exec(3),
+                vec![
+                    r(201, r#"{"id":1}"#, false),
+                    in_use.clone(),
+                    r(201, r#"{"id":1}"#, true),
+                ],
+                None,
+                None,
+                0,
+                None,
+            ),
+            (
+                "a burst with two executions and two effects",
+                exec(2),
+                vec![r(201, r#"{"id":1}"#, false), r(201, r#"{"id":2}"#, false)],
+                None,
+                Some(2),
+                0,
+                Some(("idem.concurrency.single-effect", Class::Safety)),
+            ),
+            (
+                "two executions answered but one effect: agreed",
+                exec(2),
+                vec![r(201, r#"{"id":1}"#, false), r(201, r#"{"id":2}"#, false)],
+                None,
+                Some(1),
+                0,
+                None,
+            ),
+            (
+                "a 5xx beside the execution, one effect",
+                exec(2),
+                vec![r(201, r#"{"id":1}"#, false), r(500, "", false)],
+                None,
+                Some(1),
+                0,
+                Some(("idem.concurrency.single-effect", Class::Semantics)),
+            ),
+            (
+                "an absent key refused: three states, semantics",
+                exec(1),
+                vec![in_use.clone()],
+                None,
+                None,
+                0,
+                Some(("idem.state.three-states", Class::Semantics)),
+            ),
+            (
+                "shed load is undecided",
+                exec(1),
+                vec![r(503, "", false)],
+                None,
+                None,
+                0,
+                None,
+            ),
+            (
+                "a proven leak is safety",
+                exec(1),
+                vec![r(201, r#"{"id":9}"#, false)],
+                Some("their marker"),
+                None,
+                0,
+                Some(("idem.scope.caller", Class::Safety)),
+            ),
+            (
+                "a verbatim replay",
+                replay.clone(),
+                vec![r(201, r#"{"id":1}"#, true)],
+                None,
+                None,
+                1,
+                None,
+            ),
+            (
+                "executed again with a second effect",
+                replay.clone(),
+                vec![r(201, r#"{"id":2}"#, false)],
+                None,
+                Some(2),
+                1,
+                Some(("idem.replay.no-reexecution", Class::Safety)),
+            ),
+            (
+                "a replay that differs, no second effect",
+                replay.clone(),
+                vec![r(201, r#"{"id":2}"#, false)],
+                None,
+                Some(1),
+                1,
+                Some(("idem.replay.verbatim", Class::Semantics)),
+            ),
+            (
+                "a refused resend is not a replay",
+                replay,
+                vec![in_use],
+                None,
+                None,
+                1,
+                Some(("idem.replay.verbatim", Class::Semantics)),
+            ),
+            (
+                "a mismatch refused",
+                mismatch.clone(),
+                vec![r(422, "{}", false)],
+                None,
+                None,
+                1,
+                None,
+            ),
+            (
+                "a mismatch answered with the stored response",
+                mismatch.clone(),
+                vec![r(201, r#"{"id":1}"#, false)],
+                None,
+                None,
+                1,
+                Some(("idem.fingerprint.mismatch", Class::Safety)),
+            ),
+            (
+                "a mismatch executed",
+                mismatch,
+                vec![r(201, r#"{"id":3}"#, false)],
+                None,
+                None,
+                1,
+                Some(("idem.fingerprint.mismatch", Class::Semantics)),
+            ),
+        ];
+        for (what, e, sent, leak, count, want, due) in table {
+            let mut got = judge(&c, &e, &sent, leak, None, want);
+            if got == Judged::NeedsCount {
+                got = judge(&c, &e, &sent, leak, Some(count.expect(what)), want);
+            }
+            let found = match &got {
+                Judged::Violation(f) => Some((f.clause.as_str(), f.class)),
+                Judged::NeedsCount => panic!("{what}: asked for the count twice"),
+                _ => None,
+            };
+            assert_eq!(found, due, "{what}: {got:?}");
+            if what.starts_with("shed") {
+                assert!(matches!(got, Judged::Undecided(_)), "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_count_is_never_safety() {
+        assert_eq!(judge_count("m", 1, 1, false), None);
+        let f = judge_count("m", 1, 0, true).expect("a finding");
+        assert_eq!(
+            (f.clause.as_str(), f.class),
+            ("idem.state.three-states", Class::Semantics)
+        );
+        let f = judge_count("m", 1, 2, true).expect("a finding");
+        assert_eq!(
+            (f.clause.as_str(), f.class),
+            ("idem.concurrency.single-effect", Class::Safety)
+        );
+        let f = judge_count("m", 1, 3, false).expect("a finding");
+        assert_eq!(
+            (f.clause.as_str(), f.class),
+            ("idem.replay.no-reexecution", Class::Safety)
+        );
+    }
+
     use proptest::strategy::ValueTree;
 
     #[test]

@@ -818,3 +818,44 @@ async fn the_cli_writes_every_artefact_into_one_directory_and_exits_with_the_res
     assert!(explained.contains("automatic re-run"), "{explained}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+// The rule: nothing is judged from a request that was not sent. A budget
+// that runs out mid-run makes the run a harness error naming the case and
+// the setting, never a safety failure from the bursts it could not send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_spent_budget_is_a_harness_error_naming_the_case_and_the_setting() {
+    let zoo = idem_zoo::spawn(ZooConfig::default()).await.expect("zoo");
+    let mut loaded = manifest_for(Dialect::Reference, &zoo.base_url);
+    // The preflight's three requests, and a little more: the gate's second
+    // or third round cannot be sent.
+    loaded.manifest.limits.max_side_effects = 70;
+    let r = runner::run(
+        &loaded,
+        &Options {
+            seed: Some(6),
+            only: Some("concurrency.*".into()),
+            progress: false,
+            artifacts_dir: Some(std::env::temp_dir()),
+        },
+    )
+    .await
+    .expect("run");
+    zoo.shutdown().await;
+    let console = idem_conformance::report::console::render(&r);
+    assert_eq!(r.summary.result, Outcome::HarnessError, "{console}");
+    assert!(r.summary.unsafe_clauses.is_empty(), "{console}");
+    let spent: Vec<&str> = r
+        .cases
+        .iter()
+        .filter(|c| c.verdict == Verdict::Error)
+        .filter_map(|c| c.reason.as_deref())
+        .collect();
+    assert!(!spent.is_empty(), "{console}");
+    for reason in spent {
+        assert!(
+            reason.contains("limits.max_side_effects") && reason.contains("in case concurrency."),
+            "{reason}"
+        );
+    }
+    assert!(r.side_effect_requests <= 70);
+}
