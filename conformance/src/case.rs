@@ -631,10 +631,13 @@ impl Ctx {
     /// answers carry an id (the resource-id probe's pointer, else `/id`,
     /// else `Location`).
     pub fn ids_side_by_side(&self, mine: &Response, theirs: &Response) -> String {
+        self.ids_beside(mine, theirs, "the other caller's")
+    }
+
+    /// `; resource ids: X (this answer) and Y (label)`, when both carry one.
+    pub fn ids_beside(&self, mine: &Response, theirs: &Response, label: &str) -> String {
         match (self.resource_id(mine), self.resource_id(theirs)) {
-            (Some(a), Some(b)) => {
-                format!("; resource ids: {a} (this answer) and {b} (the other caller's)")
-            }
+            (Some(a), Some(b)) => format!("; resource ids: {a} (this answer) and {b} ({label})"),
             _ => String::new(),
         }
     }

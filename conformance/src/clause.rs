@@ -96,7 +96,7 @@ const fn known(id: &str) -> bool {
 /// An ID the contract does not define is a compile error:
 ///
 /// ```compile_fail
-/// let _ = idem_conformance::clause!("idem.scope.callr");
+/// let _ = idem_conformance::clause!("idem.scope");
 /// ```
 ///
 /// ```
@@ -121,7 +121,7 @@ mod tests {
             "idem.scope.caller"
         );
         assert!(ClauseId::find("idem.scope.caller").is_some());
-        assert!(ClauseId::find("idem.scope.callr").is_none());
+        assert!(ClauseId::find("idem.scope").is_none());
         assert!(known("idem.replay.verbatim") && !known("idem.replay"));
     }
 }

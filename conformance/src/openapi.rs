@@ -202,6 +202,26 @@ fn body_template(
                 .find(|(_, v)| type_is(resolve(doc, v), "integer"))
         })
         .map(|(k, _)| k.clone());
+    // An example without a schema to go by: its integer `amount` is
+    // drawn, and a free-text member by a known name carries the marker.
+    let amount = amount.or_else(|| {
+        body.get("amount")
+            .filter(|v| v.is_i64())
+            .map(|_| "amount".to_owned())
+    });
+    let marker = marker.or_else(|| {
+        MARKER_NAMES
+            .iter()
+            .find(|k| body.get(**k).is_some_and(Value::is_string))
+            .map(|k| (*k).to_owned())
+    });
+    for (field, template) in [(&amount, "{{amount}}"), (&marker, "{{marker}}")] {
+        if let Some(f) = field
+            && body.contains_key(f)
+        {
+            body.insert(f.clone(), json!(template));
+        }
+    }
     let mut vars = Vec::new();
     for (k, v) in &props {
         let v = resolve(doc, v);

@@ -146,8 +146,13 @@ async fn final_4xx(rec: &mut Rec) {
         r2.summary(),
     );
     rec.headline(format!(
-        "a final {} executed again on retry and succeeded",
-        r1.status
+        "a final {} executed again on retry and succeeded: R1 {}, R2 {}{}",
+        r1.status,
+        r1.summary(),
+        r2.summary(),
+        rec.ctx
+            .resource_id(&r2)
+            .map_or(String::new(), |id| format!(" (created {id})"))
     ));
     rec.check_as(
         clause!("idem.failure.final-outcomes"),
@@ -296,8 +301,11 @@ async fn retry_after_5xx(rec: &mut Rec, r1: &Response, r2: &Response, marker: &s
         r2.summary(),
     );
     rec.headline(format!(
-        "a {} was stored and replayed to the retry",
-        r1.status
+        "a {} was stored and replayed to the retry: R1 {} and the retry {}, {} bytes identical",
+        r1.status,
+        r1.summary(),
+        r2.summary(),
+        r2.body.len()
     ));
     rec.check_as(
         clause!("idem.failure.5xx-not-stored"),
@@ -363,8 +371,10 @@ async fn by_body(rec: &mut Rec) {
             r2.summary(),
         );
         rec.headline(format!(
-            "a {} was stored and replayed to the retry (marked as a replay)",
-            r1.status
+            "a {} was stored and replayed to the retry: R1 {}, R2 {} (marked as a replay)",
+            r1.status,
+            r1.summary(),
+            r2.summary()
         ));
     }
     // Fewer runs than sends is the 5xx replayed (safety) only when the

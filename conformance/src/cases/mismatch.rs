@@ -118,7 +118,7 @@ fn judge(rec: &mut Rec, first: &Response, r: &Response, what: &str) -> Answer {
         "{what} under a used key got the first request's stored response: {} (R1 was {}){}",
         r.summary(),
         first.summary(),
-        rec.ctx.ids_side_by_side(r, first)
+        rec.ctx.ids_beside(r, first, "R1's")
     ));
     if !matches!(a, Answer::Replayed) {
         rec.check_as(
@@ -282,7 +282,13 @@ async fn method(rec: &mut Rec) {
         "another method: not answered with R1's stored response",
         r2.summary(),
     );
-    rec.headline("another method under a used key got the first request's stored response");
+    rec.headline(format!(
+        "another method ({}) under a used key got the first request's stored response: {} (R1 was {}){}",
+        req2.method,
+        r2.summary(),
+        first.summary(),
+        rec.ctx.ids_beside(&r2, &first, "R1's")
+    ));
     let m = rec.ctx.manifest.clone();
     let unsupported = m.unsupported(r2.status);
     rec.check(

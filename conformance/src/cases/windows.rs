@@ -154,7 +154,12 @@ async fn progress(rec: &mut Rec) {
         "once finished, the key is not replaced by a new request",
         r3.summary(),
     );
-    rec.headline("a finished request with committed progress was executed again past its window");
+    rec.headline(format!(
+        "a finished request with committed progress was executed again past its window: R2 {}, R3 {}{}",
+        r2.summary(),
+        r3.summary(),
+        rec.ctx.ids_beside(&r3, &r2, "R2's")
+    ));
     check_replay(rec, &r2, &r3, "R3");
 }
 
