@@ -859,3 +859,53 @@ async fn a_spent_budget_is_a_harness_error_naming_the_case_and_the_setting() {
     }
     assert!(r.side_effect_requests <= 70);
 }
+
+// A run the preflight stops still leaves its reports, so a CI job that
+// publishes them shows why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stopped_by_its_preflight_still_writes_its_reports() {
+    use clap::Parser;
+    let zoo = idem_zoo::spawn(ZooConfig::default()).await.expect("zoo");
+    let dir = std::env::temp_dir().join(format!("idem-kit-preflight-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("zoo/manifests/reference.toml"),
+    )
+    .expect("manifest")
+    .replace("Bearer zoo-bob", "Bearer wrong");
+    let manifest = dir.join("target.toml");
+    std::fs::write(&manifest, text).expect("write");
+    let out = dir.join("out");
+    let cli = idem_conformance::commands::Cli::parse_from([
+        "idem-conformance".to_owned(),
+        "run".into(),
+        "--target".into(),
+        manifest.display().to_string(),
+        "--base-url".into(),
+        zoo.base_url.clone(),
+        "--out-dir".into(),
+        out.display().to_string(),
+    ]);
+    let code = idem_conformance::commands::execute(cli).await;
+    zoo.shutdown().await;
+    assert_eq!(code, idem_conformance::EXIT_HARNESS);
+    let report: Report =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).expect("json"))
+            .expect("parses");
+    assert_eq!(report.summary.result, Outcome::HarnessError);
+    assert!(
+        report
+            .harness_error
+            .as_deref()
+            .is_some_and(|e| e.contains("callers[1].headers")),
+        "{:?}",
+        report.harness_error
+    );
+    let junit = std::fs::read_to_string(out.join("junit.xml")).expect("junit");
+    assert!(
+        junit.contains("preflight") && junit.contains("<error"),
+        "{junit}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
