@@ -543,6 +543,40 @@ mod tests {
     use super::*;
 
     #[test]
+    fn summaries_stay_on_one_line_and_leaks_compare_documents() {
+        let html = Response {
+            status: 502,
+            headers: vec![],
+            body: b"<html>\n<head><title>502 Bad Gateway</title></head>\r\n<body>\n<h1>Bad\tGateway</h1></body></html>".to_vec(),
+        };
+        let s = html.summary();
+        assert!(
+            !s.contains('\n') && !s.contains('\r') && !s.contains('<'),
+            "{s}"
+        );
+        assert!(s.starts_with("502 502 Bad Gateway Bad Gateway"), "{s}");
+        let a = Response {
+            status: 201,
+            headers: vec![],
+            body: br#"{"id":"o1","amount":5}"#.to_vec(),
+        };
+        let b = Response {
+            body: br#"{ "amount": 5, "id": "o1" }"#.to_vec(),
+            ..a.clone()
+        };
+        assert!(
+            !a.same_outcome(&b) && a.same_payload(&b),
+            "members in another order"
+        );
+        let c = Response {
+            body: br#"{"id":"o2","amount":5}"#.to_vec(),
+            ..a.clone()
+        };
+        assert!(!a.same_payload(&c));
+        assert_eq!(a.code_at("/id").as_deref(), Some("o1"));
+    }
+
+    #[test]
     fn curl_redacts_secret_headers_and_quotes_safely() {
         let req = Request {
             method: "POST".into(),
