@@ -576,3 +576,54 @@ async fn before_claim(rec: &mut Rec) {
     )
     .await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn rec() -> Rec {
+        let m = crate::manifest::parse(crate::manifest::TEMPLATE, "t")
+            .expect("template")
+            .manifest;
+        let client = crate::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
+            .expect("client");
+        Rec::new(Arc::new(crate::case::Ctx::new(m, client, "run".into(), 1)))
+    }
+
+    fn resp(status: u16, retry_after: bool) -> Response {
+        Response {
+            status,
+            headers: if retry_after {
+                vec![("retry-after".into(), "1".into())]
+            } else {
+                vec![]
+            },
+            body: b"{}".to_vec(),
+        }
+    }
+
+    // The rule: the 5xx case judges only an answer it confirmed to be the
+    // declared server error.
+    #[tokio::test]
+    async fn only_a_confirmed_server_error_is_judged() {
+        for (status, retry_after, confirmed) in [
+            (500, false, true),
+            (502, false, true),
+            (501, false, false), // listed in profile.unsupported_statuses
+            (503, true, false),  // shed load
+            (422, false, false),
+        ] {
+            let mut r = rec();
+            let ok =
+                confirm_server_error(&mut r, &resp(status, retry_after), "m", "the body").await;
+            assert_eq!(ok, confirmed, "{status}");
+            assert_eq!(
+                r.stopped.as_ref().map(|(v, _)| *v),
+                (!confirmed).then_some(Verdict::Inconclusive),
+                "{status}"
+            );
+            assert!(r.checks.is_empty(), "no verdict from an unconfirmed answer");
+        }
+    }
+}
