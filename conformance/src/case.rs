@@ -35,6 +35,7 @@ use idem_spec::manifest::{Caller, EffectProbe, Endpoint, Manifest};
 use idem_spec::report::{CheckReport, Verdict};
 use serde_json::Value;
 
+use crate::clause::ClauseId;
 use crate::http::{Client, Failure, Request, Response, Sent};
 use crate::manifest::{ManifestExt, amount_exclusions, draw_amount, expand, expand_text};
 use crate::probe::{self, ProbeError, Subject};
@@ -103,10 +104,16 @@ impl Need {
         what: "endpoints[0].rejected_body",
         declared: |m, _| m.endpoints[0].rejected_body.is_some(),
     };
-    /// `policy.in_flight = "conflict_or_wait"`.
+    /// `policy.in_flight = "conflict_or_wait"` (or `"always_wait"`).
     pub const PREFER_WAIT: Need = Need {
-        what: "policy.in_flight = \"conflict_or_wait\"",
-        declared: |m, _| m.policy.in_flight == idem_spec::manifest::InFlightMode::ConflictOrWait,
+        what: "policy.in_flight = \"conflict_or_wait\" or \"always_wait\"",
+        declared: |m, _| {
+            matches!(
+                m.policy.in_flight,
+                idem_spec::manifest::InFlightMode::ConflictOrWait
+                    | idem_spec::manifest::InFlightMode::AlwaysWait
+            )
+        },
     };
     /// `endpoints[0].key_required = true`.
     pub const KEY_REQUIRED: Need = Need {
@@ -142,7 +149,7 @@ pub struct Case {
     /// One line: what the case does.
     pub title: &'static str,
     /// The clauses the case checks.
-    pub clauses: &'static [&'static str],
+    pub clauses: &'static [ClauseId],
     /// What the manifest must declare; otherwise the case is `unsupported`.
     pub needs: &'static [Need],
     /// Which endpoint it is sent to.
@@ -177,7 +184,7 @@ impl Case {
     pub fn tier(&self) -> Level {
         self.clauses
             .iter()
-            .filter_map(|c| clauses::get(c))
+            .filter_map(|c| clauses::get(c.as_str()))
             .map(|c| c.level)
             .min()
             .unwrap_or(Level::May)
@@ -291,7 +298,7 @@ impl Ctx {
     pub fn for_case(&self, case: &Case) -> Ctx {
         Ctx {
             manifest: focus(&self.manifest, case.is_recovery()),
-            client: self.client.clone(),
+            client: self.client.for_case(),
             run_id: self.run_id.clone(),
             seed: self.seed,
             artifacts: self.artifacts.clone(),
@@ -574,11 +581,16 @@ impl Ctx {
     }
 
     /// Whether `r`, a 2xx answer to `caller`'s operation `marker`, is
-    /// `other` (another caller's stored response) leaked rather than an
-    /// execution of its own. Identical bytes alone could be two executions
-    /// of an API whose answers carry no id, so the effect probe decides:
-    /// the operation's effect count did not move from `before` (a
-    /// resource-id probe: the ids are the same, which is decisive).
+    /// `other` (another caller's stored response, for that caller's
+    /// operation `other_marker`) leaked rather than an answer of its own,
+    /// and what proves it. The same document (bytes, or JSON members in
+    /// any order) is necessary; it is sufficient when the answer carries
+    /// something only the other operation had (its run-unique marker, when
+    /// this request did not carry it), when the probe is a resource id (the
+    /// same id), or when this operation's effect count did not move from
+    /// `before` (the answer is not the record of an execution of its own).
+    /// Identical documents without any of that could be two executions of
+    /// an API whose answers carry no id: not a leak.
     pub async fn is_leak(
         &self,
         caller: usize,
@@ -586,14 +598,64 @@ impl Ctx {
         before: u64,
         r: &Response,
         other: &Response,
-    ) -> Result<bool, ProbeError> {
-        if !((200..300).contains(&r.status) && r.same_outcome(other)) {
-            return Ok(false);
+        other_marker: Option<&str>,
+    ) -> Result<Option<String>, ProbeError> {
+        if !((200..300).contains(&r.status) && r.same_payload(other)) {
+            return Ok(None);
+        }
+        if let Some(m) = other_marker
+            && m != marker
+            && String::from_utf8_lossy(&other.body).contains(m)
+        {
+            return Ok(Some(format!(
+                "the answer carries the other operation's marker {m:?}{}",
+                self.ids_side_by_side(r, other)
+            )));
         }
         if matches!(self.manifest.probe, EffectProbe::ResourceId { .. }) {
-            return Ok(true);
+            return Ok(Some(format!(
+                "the same resource{}",
+                self.ids_side_by_side(r, other)
+            )));
         }
-        Ok(self.effects(caller, marker, &[r]).await? <= before)
+        let now = self.effects(caller, marker, &[r]).await?;
+        Ok((now <= before).then(|| {
+            format!(
+                "the probe counted {now} effect(s) for this operation, {before} before it{}",
+                self.ids_side_by_side(r, other)
+            )
+        }))
+    }
+
+    /// `: ids X (this answer) and X (the other caller's)`, when both
+    /// answers carry an id (the resource-id probe's pointer, else `/id`,
+    /// else `Location`).
+    pub fn ids_side_by_side(&self, mine: &Response, theirs: &Response) -> String {
+        self.ids_beside(mine, theirs, "the other caller's")
+    }
+
+    /// `; resource ids: X (this answer) and Y (label)`, when both carry one.
+    pub fn ids_beside(&self, mine: &Response, theirs: &Response, label: &str) -> String {
+        match (self.resource_id(mine), self.resource_id(theirs)) {
+            (Some(a), Some(b)) => format!("; resource ids: {a} (this answer) and {b} ({label})"),
+            _ => String::new(),
+        }
+    }
+
+    /// The resource id a 2xx answer names, for reports.
+    pub fn resource_id(&self, r: &Response) -> Option<String> {
+        let pointer = match &self.manifest.probe {
+            EffectProbe::ResourceId { id_pointer } => id_pointer.as_str(),
+            _ => "/id",
+        };
+        r.json()
+            .and_then(|d| {
+                d.pointer(pointer).map(|v| match v {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+            })
+            .or_else(|| r.header("location").map(str::to_owned))
     }
 
     /// Whether `r` is the contract error `code` as the target declares it.
@@ -674,6 +736,8 @@ pub struct Rec {
     pub reproduction: Vec<String>,
     /// Set when the case could not decide (timeout) or hit a harness problem.
     pub stopped: Option<(Verdict, String)>,
+    /// The ID of the case being recorded, for harness-error messages.
+    pub case_id: &'static str,
     sent: u32,
     aliases: BTreeMap<String, String>,
 }
@@ -682,6 +746,7 @@ impl Rec {
     /// A recorder for one case.
     pub fn new(ctx: Arc<Ctx>) -> Self {
         Self {
+            case_id: "",
             ctx,
             checks: Vec::new(),
             narrative: Vec::new(),
@@ -746,7 +811,17 @@ impl Rec {
             Failure::Timeout(_) | Failure::Transport(_) => Verdict::Inconclusive,
             Failure::Budget(_) | Failure::Harness(_) | Failure::Connect(_) => Verdict::Error,
         };
-        self.stop(v, f.to_string());
+        let reason = match f {
+            Failure::Budget(b) => budget_spent(self.case_id, *b),
+            _ => f.to_string(),
+        };
+        self.stop(v, reason);
+    }
+
+    /// Whether the case has stopped for a harness problem (a request that
+    /// was not sent: budget, connect): nothing after it may be judged.
+    pub fn harness_stopped(&self) -> bool {
+        matches!(self.stopped, Some((Verdict::Error, _)))
     }
 
     /// Stops the case with a verdict other than pass/fail (first reason wins).
@@ -765,12 +840,12 @@ impl Rec {
     /// so cases can branch.
     pub fn check(
         &mut self,
-        clause: &'static str,
+        clause: ClauseId,
         ok: bool,
         permitted: impl Into<String>,
         observed: impl Into<String>,
     ) -> bool {
-        let class = clauses::get(clause).map_or(Class::Safety, |c| c.class);
+        let class = clauses::get(clause.as_str()).map_or(Class::Safety, |c| c.class);
         self.check_as(clause, class, ok, permitted, observed)
     }
 
@@ -779,13 +854,13 @@ impl Rec {
     /// that is milder (a check can never make a clause worse than it is).
     pub fn check_as(
         &mut self,
-        clause: &'static str,
+        clause: ClauseId,
         class: Class,
         ok: bool,
         permitted: impl Into<String>,
         observed: impl Into<String>,
     ) -> bool {
-        let known = clauses::get(clause);
+        let known = clauses::get(clause.as_str());
         let level = known.map_or(Level::Must, |c| c.level);
         let class = known.map_or(class, |c| c.class.min(class));
         let verdict = match (ok, level) {
@@ -794,7 +869,7 @@ impl Rec {
             (false, _) => Verdict::NonStrict,
         };
         self.checks.push(CheckReport {
-            clause: clause.to_owned(),
+            clause: clause.to_string(),
             level,
             class,
             verdict,
@@ -821,14 +896,14 @@ impl Rec {
     /// one) as inconclusive.
     pub async fn check_effects(
         &mut self,
-        clause: &'static str,
+        clause: ClauseId,
         caller: usize,
         marker: &str,
         seen: &[&Response],
         want: u64,
         why: &str,
     ) -> Option<u64> {
-        let class = clauses::get(clause).map_or(Class::Safety, |c| c.class);
+        let class = clauses::get(clause.as_str()).map_or(Class::Safety, |c| c.class);
         self.check_effects_as(clause, class, caller, marker, seen, want, why)
             .await
     }
@@ -837,7 +912,7 @@ impl Rec {
     #[allow(clippy::too_many_arguments)]
     pub async fn check_effects_as(
         &mut self,
-        clause: &'static str,
+        clause: ClauseId,
         class: Class,
         caller: usize,
         marker: &str,
@@ -845,8 +920,21 @@ impl Rec {
         want: u64,
         why: &str,
     ) -> Option<u64> {
+        if self.harness_stopped() {
+            // A request of this case was never sent: no count can be
+            // judged (the rule: no verdict from a request not sent).
+            return None;
+        }
         match self.ctx.effects_settled(caller, marker, seen, want).await {
             Ok(n) => {
+                // The rule: no safety failure from a count of zero. Too
+                // few effects means a request was refused or lost, which
+                // costs the caller a retry, never a duplicate.
+                let class = if n == 0 && want > 0 {
+                    class.min(Class::Semantics)
+                } else {
+                    class
+                };
                 self.note(format!(
                     "the probe counted {n} effect(s) for marker {marker:?}"
                 ));
@@ -879,18 +967,43 @@ impl Rec {
     /// manifest declares no execution probe.
     pub async fn check_executions(
         &mut self,
-        clause: &'static str,
+        clause: ClauseId,
         marker: &str,
         want: u64,
         why: &str,
     ) -> Option<u64> {
+        let class = clauses::get(clause.as_str()).map_or(Class::Safety, |c| c.class);
+        self.check_executions_as(clause, class, marker, want, why)
+            .await
+    }
+
+    /// [`check_executions`](Self::check_executions) with a milder class
+    /// (the caller knows the consequence it observed). A count of zero is
+    /// never safety.
+    pub async fn check_executions_as(
+        &mut self,
+        clause: ClauseId,
+        class: Class,
+        marker: &str,
+        want: u64,
+        why: &str,
+    ) -> Option<u64> {
+        if self.harness_stopped() {
+            return None;
+        }
         match self.ctx.executions(marker).await? {
             Ok(n) => {
+                let class = if n == 0 && want > 0 {
+                    class.min(Class::Semantics)
+                } else {
+                    class
+                };
                 self.note(format!(
                     "the execution probe counted {n} handler run(s) for marker {marker:?}"
                 ));
-                self.check(
+                self.check_as(
                     clause,
+                    class,
                     n == want,
                     format!("exactly {want} handler run(s): {why}"),
                     format!("{n} handler run(s)"),
@@ -934,6 +1047,14 @@ impl Rec {
             None => checks,
         }
     }
+}
+
+/// The reason a case stops when the side-effect budget ran out: a harness
+/// error naming the case and the setting to raise.
+pub fn budget_spent(case: &str, budget: u64) -> String {
+    format!(
+        "the side-effect budget ran out in case {case}: limits.max_side_effects = {budget} was spent before this case's requests could be sent; raise limits.max_side_effects in the manifest (nothing was judged from the requests not sent)"
+    )
 }
 
 /// How long to give a server that holds a request (pause failpoints,

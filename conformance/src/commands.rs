@@ -105,11 +105,17 @@ pub enum Command {
         #[arg(long, short)]
         target: PathBuf,
     },
-    /// Write a commented manifest template.
+    /// Write a commented manifest template, or one seeded from your OpenAPI
+    /// document.
     Init {
         /// Where to write it.
         #[arg(default_value = "idem-target.toml")]
         path: PathBuf,
+        /// Seed the manifest from this OpenAPI 3.x document (JSON): every
+        /// operation declaring an Idempotency-Key header becomes an
+        /// endpoint, security schemes become caller headers to fill in.
+        #[arg(long, value_name = "FILE")]
+        from_openapi: Option<PathBuf>,
     },
     /// Re-run a saved counterexample against a target.
     Replay {
@@ -183,7 +189,23 @@ pub async fn execute(cli: Cli) -> i32 {
             print!("{s}");
             EXIT_CONFORMS
         }),
-        Command::Init { path } => init(&path).map(|()| {
+        Command::Init {
+            path,
+            from_openapi: Some(doc),
+        } => init_from_openapi(&path, &doc).map(|notes| {
+            println!(
+                "wrote {} from {}; {} thing(s) to fill in (marked TODO in the file), then: idem-conformance list --target {}",
+                path.display(),
+                doc.display(),
+                notes,
+                path.display()
+            );
+            EXIT_CONFORMS
+        }),
+        Command::Init {
+            path,
+            from_openapi: None,
+        } => init(&path).map(|()| {
             println!(
                 "wrote {}; edit it, then: idem-conformance list --target {}",
                 path.display(),
@@ -220,8 +242,17 @@ async fn run(
     out: &Outputs,
 ) -> Result<i32, Error> {
     let loaded = load_with(target, base_url)?;
-    let report = runner::run(&loaded, &opts).await?;
-    emit(&report, out)
+    match runner::run(&loaded, &opts).await {
+        Ok(report) => emit(&report, out),
+        // A run that stopped before its cases still leaves its reports, so
+        // a CI job publishing them shows why.
+        Err(e @ Error::Preflight(_)) => {
+            let report = runner::harness_report(&loaded, e.to_string());
+            emit(&report, out)?;
+            Err(e)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Prints the console report and writes every report into the output
@@ -282,7 +313,11 @@ pub fn plan_text(loaded: &Loaded) -> String {
             c.tier().as_str(),
             c.title,
             status,
-            c.clauses.join(", ")
+            c.clauses
+                .iter()
+                .map(|c| c.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
         for p in (c.permitted)(m) {
             s.push_str(&format!("  permits: {p}\n"));
@@ -313,6 +348,34 @@ pub fn init(path: &Path) -> Result<(), Error> {
         path: path.to_owned(),
         source,
     })
+}
+
+/// Writes a manifest seeded from an OpenAPI document; refuses to
+/// overwrite. Returns how many notes (things to fill in) it wrote.
+pub fn init_from_openapi(path: &Path, doc: &Path) -> Result<usize, Error> {
+    if path.exists() {
+        return Err(Error::Io {
+            path: path.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists; not overwriting",
+            ),
+        });
+    }
+    let text = std::fs::read_to_string(doc).map_err(|source| Error::Io {
+        path: doc.to_owned(),
+        source,
+    })?;
+    let origin = doc.display().to_string();
+    let seeded = crate::openapi::seed(&text, &origin)?;
+    let toml = crate::openapi::render(&seeded, &origin)?;
+    // What it writes must load as a manifest.
+    manifest::parse(&toml, &path.display().to_string())?;
+    std::fs::write(path, toml).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(seeded.notes.len())
 }
 
 /// Re-runs a counterexample: exit 1 when it still fails, 0 when fixed, 2

@@ -82,7 +82,16 @@ impl Response {
 
     /// The problem document's `code`, when the body has one.
     pub fn code(&self) -> Option<String> {
-        self.json()?.get("code")?.as_str().map(str::to_owned)
+        self.code_at("/code")
+    }
+
+    /// The error code at a JSON pointer (`/code`, `/error/code`), as text.
+    pub fn code_at(&self, pointer: &str) -> Option<String> {
+        match self.json()?.pointer(pointer)? {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
     }
 
     /// A short human rendering: `201 Idempotent-Replayed: true`,
@@ -99,7 +108,7 @@ impl Response {
         if let Some(c) = self.code() {
             s.push_str(&format!(" code={c}"));
         } else if self.status >= 400 && !self.body.is_empty() {
-            let text = String::from_utf8_lossy(&self.body);
+            let text = one_line(&String::from_utf8_lossy(&self.body));
             let short: String = text.chars().take(60).collect();
             let more = if text.chars().count() > 60 { "…" } else { "" };
             s.push_str(&format!(" {short}{more}"));
@@ -114,6 +123,48 @@ impl Response {
     pub fn same_outcome(&self, other: &Response) -> bool {
         self.status == other.status && self.body == other.body
     }
+
+    /// Status and body the same document: identical bytes, or JSON bodies
+    /// equal as values (members in any order, any whitespace). What a leak
+    /// check compares: a store that re-serialises a response still hands
+    /// over the other caller's document.
+    pub fn same_payload(&self, other: &Response) -> bool {
+        self.status == other.status
+            && (self.body == other.body
+                || matches!((self.json(), other.json()), (Some(a), Some(b)) if a == b))
+    }
+}
+
+/// Text on one line for a console: HTML tags dropped, every run of
+/// whitespace or control characters one space.
+pub fn one_line(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(256));
+    let mut in_tag = false;
+    let looks_html = text.trim_start().starts_with('<');
+    let mut space = false;
+    for c in text.chars() {
+        if looks_html && c == '<' {
+            in_tag = true;
+            continue;
+        }
+        if in_tag {
+            in_tag = c != '>';
+            if !in_tag && !out.is_empty() {
+                space = true;
+            }
+            continue;
+        }
+        if c.is_whitespace() || c.is_control() {
+            space = !out.is_empty();
+            continue;
+        }
+        if space {
+            out.push(' ');
+            space = false;
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// `idempotent-replayed` → `Idempotent-Replayed`.
@@ -153,7 +204,10 @@ impl std::fmt::Display for Failure {
             Self::Timeout(s) => write!(f, "timed out: {s}"),
             Self::Transport(s) => write!(f, "transport error: {s}"),
             Self::Connect(s) => write!(f, "could not connect: {s}"),
-            Self::Budget(b) => write!(f, "side-effect budget of {b} exhausted; not sent"),
+            Self::Budget(b) => write!(
+                f,
+                "the side-effect budget (limits.max_side_effects = {b}) is spent; not sent"
+            ),
             Self::Harness(s) => write!(f, "harness: {s}"),
         }
     }
@@ -197,10 +251,15 @@ impl RateLimit {
 /// The limited, counting client shared by a run.
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: reqwest::Client,
+    /// The pool in use; replaced by a fresh one after a 5xx or a broken
+    /// connection (see [`Client::fresh_pool`]).
+    inner: Arc<std::sync::RwLock<reqwest::Client>>,
+    timeout: Duration,
     rate: Arc<RateLimit>,
     budget: u64,
     effects: Arc<AtomicU64>,
+    /// The share of one case (and its view of the client), when counted.
+    case_effects: Option<Arc<AtomicU64>>,
     requests: Arc<AtomicU64>,
     secrets: Arc<BTreeSet<String>>,
 }
@@ -215,15 +274,12 @@ impl Client {
         max_side_effects: u64,
         secret_headers: impl IntoIterator<Item = String>,
     ) -> Result<Self, Error> {
-        let inner = reqwest::Client::builder()
-            .timeout(timeout)
-            .pool_max_idle_per_host(256)
-            .build()
-            .map_err(|e| Error::Http(e.to_string()))?;
+        let inner = build(timeout).map_err(|e| Error::Http(e.to_string()))?;
         let per_sec = f64::from(requests_per_second.max(1));
         let capacity = per_sec.max(f64::from(burst) + 4.0);
         Ok(Self {
-            inner,
+            inner: Arc::new(std::sync::RwLock::new(inner)),
+            timeout,
             rate: Arc::new(RateLimit {
                 per_sec,
                 capacity,
@@ -231,6 +287,7 @@ impl Client {
             }),
             budget: max_side_effects,
             effects: Arc::new(AtomicU64::new(0)),
+            case_effects: None,
             requests: Arc::new(AtomicU64::new(0)),
             secrets: Arc::new(
                 secret_headers
@@ -239,6 +296,28 @@ impl Client {
                     .collect(),
             ),
         })
+    }
+
+    /// The connection pool requests go out on now.
+    fn pool(&self) -> reqwest::Client {
+        self.inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Starts a fresh connection pool: the connections the old one holds
+    /// are never used again. Called after a 5xx or a broken connection,
+    /// since many servers close a connection after an error without saying
+    /// `Connection: close`, and the next request sent on it would get no
+    /// answer through no fault of the case.
+    pub fn fresh_pool(&self) {
+        if let Ok(c) = build(self.timeout) {
+            *self
+                .inner
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = c;
+        }
     }
 
     /// State-changing requests sent so far.
@@ -256,6 +335,22 @@ impl Client {
         self.budget
     }
 
+    /// The same client (limits, pool, budget) counting one case's share
+    /// of the budget apart.
+    pub fn for_case(&self) -> Client {
+        Client {
+            case_effects: Some(Arc::new(AtomicU64::new(0))),
+            ..self.clone()
+        }
+    }
+
+    /// State-changing requests sent through this case's view.
+    pub fn case_effects_used(&self) -> u64 {
+        self.case_effects
+            .as_ref()
+            .map_or(0, |c| c.load(Ordering::SeqCst))
+    }
+
     /// Reserves `n` side effects, or refuses without reserving any.
     fn reserve(&self, n: u64) -> Result<(), Failure> {
         self.effects
@@ -263,16 +358,31 @@ impl Client {
                 (used + n <= self.budget).then_some(used + n)
             })
             .map(|_| ())
-            .map_err(|_| Failure::Budget(self.budget))
+            .map_err(|_| Failure::Budget(self.budget))?;
+        if let Some(c) = &self.case_effects {
+            c.fetch_add(n, Ordering::SeqCst);
+        }
+        Ok(())
     }
 
-    /// Sends one request under the limits.
+    /// Sends one request under the limits. A read-only GET (a probe) that
+    /// meets a broken connection is sent once more on a fresh one: it
+    /// changes nothing, and a connection the server closed after an error
+    /// says nothing about the target's idempotency.
     pub async fn send(&self, req: &Request) -> Sent {
         if req.state_changing {
             self.reserve(1)?;
         }
         self.rate.acquire(1).await;
-        self.send_now(req).await
+        let sent = self.send_now(req).await;
+        if !req.state_changing
+            && req.method.eq_ignore_ascii_case("GET")
+            && matches!(sent, Err(Failure::Transport(_)))
+        {
+            self.rate.acquire(1).await;
+            return self.send_now(req).await;
+        }
+        sent
     }
 
     /// Opens up to `n` pooled connections to `url`'s host by sending `n`
@@ -284,7 +394,7 @@ impl Client {
         let barrier = Arc::new(Barrier::new(n));
         let mut tasks = Vec::with_capacity(n);
         for _ in 0..n {
-            let inner = self.inner.clone();
+            let inner = self.pool();
             let url = url.to_owned();
             let barrier = barrier.clone();
             let requests = self.requests.clone();
@@ -334,7 +444,7 @@ impl Client {
         self.requests.fetch_add(1, Ordering::SeqCst);
         let method = reqwest::Method::from_bytes(req.method.as_bytes())
             .map_err(|e| Failure::Harness(e.to_string()))?;
-        let mut b = self.inner.request(method, &req.url);
+        let mut b = self.pool().request(method, &req.url);
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, value) in &req.headers {
             let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
@@ -347,8 +457,17 @@ impl Client {
         if let Some(body) = &req.body {
             b = b.body(body.clone());
         }
-        let resp = b.send().await.map_err(classify)?;
+        let resp = match b.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                self.fresh_pool();
+                return Err(classify(e));
+            }
+        };
         let status = resp.status().as_u16();
+        if status >= 500 {
+            self.fresh_pool();
+        }
         let headers = resp
             .headers()
             .iter()
@@ -372,6 +491,13 @@ impl Client {
     pub fn curl(&self, req: &Request) -> String {
         curl(req, &self.secrets)
     }
+}
+
+fn build(timeout: Duration) -> reqwest::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .pool_max_idle_per_host(256)
+        .build()
 }
 
 fn classify(e: reqwest::Error) -> Failure {
@@ -415,6 +541,40 @@ fn shell_quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn summaries_stay_on_one_line_and_leaks_compare_documents() {
+        let html = Response {
+            status: 502,
+            headers: vec![],
+            body: b"<html>\n<head><title>502 Bad Gateway</title></head>\r\n<body>\n<h1>Bad\tGateway</h1></body></html>".to_vec(),
+        };
+        let s = html.summary();
+        assert!(
+            !s.contains('\n') && !s.contains('\r') && !s.contains('<'),
+            "{s}"
+        );
+        assert!(s.starts_with("502 502 Bad Gateway Bad Gateway"), "{s}");
+        let a = Response {
+            status: 201,
+            headers: vec![],
+            body: br#"{"id":"o1","amount":5}"#.to_vec(),
+        };
+        let b = Response {
+            body: br#"{ "amount": 5, "id": "o1" }"#.to_vec(),
+            ..a.clone()
+        };
+        assert!(
+            !a.same_outcome(&b) && a.same_payload(&b),
+            "members in another order"
+        );
+        let c = Response {
+            body: br#"{"id":"o2","amount":5}"#.to_vec(),
+            ..a.clone()
+        };
+        assert!(!a.same_payload(&c));
+        assert_eq!(a.code_at("/id").as_deref(), Some("o1"));
+    }
 
     #[test]
     fn curl_redacts_secret_headers_and_quotes_safely() {

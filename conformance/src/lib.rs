@@ -58,12 +58,14 @@
 
 pub mod case;
 pub mod cases;
+pub mod clause;
 pub mod commands;
 pub mod demo;
 mod error;
 pub mod http;
 pub mod manifest;
 pub mod model;
+pub mod openapi;
 pub mod probe;
 pub mod proxy;
 pub mod report;

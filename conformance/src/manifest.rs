@@ -152,6 +152,20 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
             ));
         }
     }
+    if let Some(p) = &m.profile.code_pointer
+        && !p.starts_with('/')
+    {
+        return bad(format!(
+            "profile.code_pointer {p:?} is not a JSON pointer (it starts with '/', e.g. \"/error/code\")"
+        ));
+    }
+    if let Some(v) = &m.profile.replay_marker_value
+        && (v.trim().is_empty() || reqwest::header::HeaderValue::from_str(v).is_err())
+    {
+        return bad(format!(
+            "profile.replay_marker_value {v:?} is not a header value"
+        ));
+    }
     if let Some(h) = &m.profile.replay_marker
         && h != NO_REPLAY_MARKER
         && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
@@ -263,9 +277,19 @@ pub trait ManifestExt {
     fn spelled(&self, code: ErrorCode) -> String;
     /// The declared replay marker header; `None` when replays are unmarked.
     fn marker_header(&self) -> Option<&str>;
-    /// Whether `r` carries the declared replay marker; `None` when the
-    /// target declares none (then only the answer's bytes can tell).
+    /// Whether `r` carries the declared replay marker with its declared
+    /// value; `None` when the target declares none (then only the answer's
+    /// bytes can tell).
     fn marked(&self, r: &crate::http::Response) -> Option<bool>;
+    /// The declared replay marker for reports: `Idempotent-Replayed: true`,
+    /// `X-Replayed: 1`, or `no replay marker (declared)`.
+    fn marker_spelled(&self) -> String;
+    /// The error code of `r` where the target puts it
+    /// (`profile.code_pointer`, default `/code`).
+    fn code_of(&self, r: &crate::http::Response) -> Option<String>;
+    /// Whether the target holds in-flight duplicates rather than refusing
+    /// them (`policy.in_flight` is `always_wait` or `none`).
+    fn never_refuses_in_flight(&self) -> bool;
     /// Whether `status` is one the target answers for an unsupported route
     /// or method.
     fn unsupported(&self, status: u16) -> bool;
@@ -314,9 +338,39 @@ impl ManifestExt for Manifest {
 
     fn marked(&self, r: &crate::http::Response) -> Option<bool> {
         let h = self.marker_header()?;
+        let want = self
+            .profile
+            .replay_marker_value
+            .as_deref()
+            .unwrap_or("true");
         Some(
             r.header(h)
-                .is_some_and(|v| v.trim().eq_ignore_ascii_case("true")),
+                .is_some_and(|v| v.trim().eq_ignore_ascii_case(want.trim())),
+        )
+    }
+
+    fn marker_spelled(&self) -> String {
+        match self.marker_header() {
+            Some(h) => format!(
+                "{h}: {}",
+                self.profile
+                    .replay_marker_value
+                    .as_deref()
+                    .unwrap_or("true")
+            ),
+            None => "no replay marker (declared)".to_owned(),
+        }
+    }
+
+    fn code_of(&self, r: &crate::http::Response) -> Option<String> {
+        r.code_at(self.profile.code_pointer.as_deref().unwrap_or("/code"))
+    }
+
+    fn never_refuses_in_flight(&self) -> bool {
+        use idem_spec::manifest::InFlightMode;
+        matches!(
+            self.policy.in_flight,
+            InFlightMode::AlwaysWait | InFlightMode::None
         )
     }
 
@@ -325,7 +379,11 @@ impl ManifestExt for Manifest {
     }
 
     fn profile_name(&self) -> String {
-        if self.profile.errors.is_empty() && self.profile.replay_marker.is_none() {
+        if self.profile.errors.is_empty()
+            && self.profile.replay_marker.is_none()
+            && self.profile.replay_marker_value.is_none()
+            && self.profile.code_pointer.is_none()
+        {
             self.profile.base.as_str().to_owned()
         } else {
             format!("custom (from {})", self.profile.base.as_str())
@@ -500,9 +558,16 @@ base_url = "http://127.0.0.1:8080"
 # finding, never "safety" or "semantics".
 [profile]
 base = "reference"
-# The header that marks a replay (value true), or "none":
+# The header that marks a replay, or "none" when replays are not marked:
 # replay_marker = "Idempotent-Replayed"
-# Statuses you answer for a route or method you do not serve:
+# The marker's value on a replay, when it is not "true" (compared without case):
+# replay_marker_value = "true"
+# Where your error bodies carry their code, as a JSON pointer, when it is not
+# a top-level "code" (e.g. {"error": {"code": "..."}}); the distinct-errors
+# check reads codes there:
+# code_pointer = "/code"
+# Statuses you answer for a route or method you do not serve (never taken
+# for your server error or a refusal):
 # unsupported_statuses = [404, 405, 501]
 # Override single errors to describe your own dialect. Identify each by
 # status, plus any of: code (the body's "code"), pointer + value (a JSON
@@ -554,8 +619,21 @@ replayed_headers = []
 # What you declare; the cases hold you to it.
 [policy]
 replay_window_secs = 86400
-in_flight = "conflict_or_wait"          # or "conflict"
+# A duplicate of a request still running is:
+#   "conflict_or_wait": refused as in use at once, or held and replayed with Prefer: wait=N
+#   "conflict":         refused as in use at once
+#   "always_wait":      always held until the first request finishes, then replayed
+#   "none":             you keep no in-flight state (duplicates are serialised behind
+#                       the first, or refused some other way); only "not executed" is checked
+in_flight = "conflict_or_wait"
+# Which outcomes you store: "final_unless_server_error" (the contract: 2xx and 4xx
+# stored, 5xx never), "store_everything" or "success_only" (both deviate; the
+# failure cases say so and still check the contract):
 failure_policy = "final_unless_server_error"
+# What your request fingerprint covers beyond method and body. If it leaves
+# the query string out, say so: a request differing only in its query is then
+# a declared difference (interop), not judged as a different request:
+# fingerprint = { query = true }
 
 # How the kit counts side effects (read-only GETs only). One of:
 #   kind = "list":  count items whose match_pointer equals the run marker
@@ -583,7 +661,7 @@ match_pointer = "/memo"
 
 # Safety: the run stops before exceeding these.
 [limits]
-max_side_effects = 500        # state-changing requests per run
+max_side_effects = 1500       # state-changing requests per run, re-runs included; running out is a harness error naming the case
 requests_per_second = 50
 concurrency = 32              # requests released together by the concurrency gate
 parallel_cases = 4            # cases run at once (those that hold requests, restart or move the clock run alone)

@@ -17,6 +17,8 @@
 //! single-effect). An answer that never came is not a violation: the
 //! sequence is undecided, and the case inconclusive if nothing failed.
 
+use crate::clause;
+use crate::clause::ClauseId;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,7 +32,8 @@ use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner
 use serde::{Deserialize, Serialize};
 
 use crate::case::{Aim, Case, Ctx, Rec};
-use crate::http::Response;
+use crate::cases::concurrency;
+use crate::http::{Failure, Response, Sent};
 use crate::manifest::{ManifestExt, expand};
 use crate::probe::ProbeError;
 
@@ -170,7 +173,7 @@ pub fn sequence(with_clock: bool, window: u64) -> impl Strategy<Value = Vec<Op>>
 #[derive(Debug, Clone, Default)]
 pub struct Agreed {
     /// The clauses it exercised.
-    pub exercised: BTreeSet<&'static str>,
+    pub exercised: BTreeSet<ClauseId>,
     /// `curl` commands for its requests, secrets redacted.
     pub reproduction: Vec<String>,
 }
@@ -197,358 +200,534 @@ fn marker_of(ctx: &Ctx, tag: &str, caller: u8, key: u8, variant: u8) -> String {
     format!("{}-{tag}-c{caller}k{key}v{variant}", ctx.run_id)
 }
 
-struct Exec<'a> {
-    ctx: &'a Ctx,
-    narrative: Vec<String>,
-    exercised: BTreeSet<&'static str>,
+/// What the contract permits for one send (or burst) of `(caller, key,
+/// variant)`, given the model's state. Pure: no request, no probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Expect {
+    /// The key is absent for this caller: the request executes once (a
+    /// burst: once in all, every other copy refused or an identical
+    /// replay).
+    Execute {
+        /// The other caller's stored response for the same key, if any:
+        /// it must neither leak nor block this caller.
+        other_caller: Option<Response>,
+        /// The key was this caller's before its window ran out.
+        after_expiry: bool,
+        /// Copies sent at once.
+        copies: usize,
+    },
+    /// The same request under a completed key: the stored response,
+    /// replayed.
+    Replay {
+        /// The stored response (`None` when the model has no bytes).
+        stored: Option<Response>,
+        /// How old the key is, when the model clock moved since it was
+        /// stored (`None` when it did not).
+        age: Option<u64>,
+        /// The declared window.
+        window: u64,
+    },
+    /// Another body under a completed key: refused, never the stored
+    /// response.
+    Mismatch {
+        /// The stored response.
+        stored: Option<Response>,
+    },
 }
 
-impl Exec<'_> {
-    fn violation(&self, clause: &str, class: Class, permitted: String, observed: String) -> Stop {
-        Stop::Violation(Violation {
-            clause: clause.to_owned(),
-            class,
-            permitted,
-            observed,
-            narrative: self.narrative.clone(),
-            reproduction: Vec::new(),
-        })
+/// What the contract permits after `op` in `model`. Pure.
+pub fn expect(model: &Model, caller: u8, key: u8, variant: u8, copies: usize) -> Expect {
+    match model.keys.get(&(caller, key)) {
+        None => Expect::Execute {
+            other_caller: model
+                .keys
+                .get(&(1 - caller.min(1), key))
+                .and_then(|s| s.response.clone()),
+            after_expiry: model.expired.contains(&(caller, key)),
+            copies,
+        },
+        Some(s) if s.variant == variant => Expect::Replay {
+            stored: s.response.clone(),
+            age: (s.at < model.now).then(|| model.now - s.at),
+            window: model.window,
+        },
+        Some(s) => Expect::Mismatch {
+            stored: s.response.clone(),
+        },
     }
+}
 
-    async fn effects(&mut self, caller: u8, marker: &str, seen: &[Response]) -> Result<u64, Stop> {
-        let refs: Vec<&Response> = seen.iter().collect();
-        match self.ctx.effects(caller as usize, marker, &refs).await {
-            Ok(n) => Ok(n),
-            Err(ProbeError::NoKey) => Err(Stop::Undecided(ProbeError::NoKey.to_string())),
-            Err(ProbeError::Failed(e)) => Err(Stop::Harness(e)),
+/// A finding of the judge, before it is wrapped with the narrative.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// The clause broken.
+    pub clause: ClauseId,
+    /// What breaking it cost.
+    pub class: Class,
+    /// What the model permitted.
+    pub permitted: String,
+    /// What the target did.
+    pub observed: String,
+}
+
+/// The judge's answer for one step. Pure: the loop gathers the data the
+/// judge asks for (an effect count) and asks again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Judged {
+    /// The answers agree with the model: the clauses exercised, and the
+    /// response to store when the request executed.
+    Agreed {
+        /// Clauses the step exercised.
+        exercised: Vec<ClauseId>,
+        /// The first execution's response (an `Execute` step), to store.
+        executed: Option<Response>,
+    },
+    /// The verdict depends on the operation's effect count: call again
+    /// with it.
+    NeedsCount,
+    /// The target broke a clause.
+    Violation(Finding),
+    /// The answers cannot decide (shed load).
+    Undecided(String),
+}
+
+fn finding(
+    clause: ClauseId,
+    class: Class,
+    permitted: impl Into<String>,
+    observed: impl Into<String>,
+) -> Judged {
+    Judged::Violation(Finding {
+        clause,
+        class,
+        permitted: permitted.into(),
+        observed: observed.into(),
+    })
+}
+
+/// Judges one step's answers against what the contract permits. `leak` is
+/// the proof, gathered by the loop, that an answer is the other caller's
+/// stored response; `count` the operation's effect count when the judge
+/// asked for it (`want` what the model expects it to be now). Bursts are
+/// classified by the concurrency gate's own rules
+/// ([`concurrency::classify`]). Pure.
+pub fn judge(
+    ctx: &Ctx,
+    expected: &Expect,
+    sent: &[Sent],
+    leak: Option<&str>,
+    count: Option<u64>,
+    want: u64,
+) -> Judged {
+    let answers: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
+    let shown = answers
+        .iter()
+        .map(|r| r.summary())
+        .collect::<Vec<_>>()
+        .join(" | ");
+    if let Some(proof) = leak {
+        return finding(
+            clause!("idem.scope.caller"),
+            Class::Safety,
+            "never the other caller's stored response",
+            format!("{shown} ({proof})"),
+        );
+    }
+    match expected {
+        Expect::Execute {
+            other_caller,
+            after_expiry,
+            copies,
+        } => {
+            let o = concurrency::classify(ctx, sent);
+            let Some(first) = answers.iter().find(|r| ctx.executed(r, None)) else {
+                if o.throttled > 0 {
+                    // Shed load says nothing about the key.
+                    return Judged::Undecided(format!("the target shed load ({shown})"));
+                }
+                let (clause, permitted) = if other_caller.is_some() {
+                    (
+                        clause!("idem.scope.caller"),
+                        "the other caller's use of the key neither blocks nor refuses this one: it executes",
+                    )
+                } else if *after_expiry {
+                    (
+                        clause!("idem.window.expiry"),
+                        "a key reused after its window executes as a new request",
+                    )
+                } else {
+                    (
+                        clause!("idem.state.three-states"),
+                        "an absent key executes: a 2xx that is not a replay",
+                    )
+                };
+                return finding(clause, Class::Semantics, permitted, shown);
+            };
+            let mut exercised = vec![clause!("idem.state.three-states")];
+            if other_caller.is_some() {
+                exercised.push(clause!("idem.scope.caller"));
+            }
+            if *after_expiry {
+                exercised.push(clause!("idem.window.expiry"));
+            }
+            if *copies > 1 {
+                exercised.push(clause!("idem.concurrency.single-effect"));
+                // More than one execution answered, or answers that are
+                // neither refusals nor replays: the count decides first, so
+                // a safety failure is never masked by a milder one.
+                if o.executed > 1 || !o.other.is_empty() {
+                    match count {
+                        None => return Judged::NeedsCount,
+                        Some(got) if got > 1 => {
+                            return finding(
+                                clause!("idem.concurrency.single-effect"),
+                                Class::Safety,
+                                format!("{copies} concurrent copies with one key: one effect"),
+                                format!("{got} effects; answers {shown}"),
+                            );
+                        }
+                        Some(_) => {}
+                    }
+                }
+                if !o.other.is_empty() {
+                    return finding(
+                        clause!("idem.concurrency.single-effect"),
+                        Class::Semantics,
+                        "every other copy refused or answered with an identical replay",
+                        concurrency::tally(&o.other),
+                    );
+                }
+            }
+            Judged::Agreed {
+                exercised,
+                executed: Some((*first).clone()),
+            }
+        }
+        Expect::Replay {
+            stored,
+            age,
+            window,
+        } => {
+            for r in &answers {
+                if stored.as_ref().is_some_and(|f| f.same_outcome(r)) {
+                    continue;
+                }
+                if ctx.executed(r, stored.as_ref()) {
+                    // Executed again: more effects than the model allows is
+                    // the worst case, and only the count can show it.
+                    match count {
+                        None => return Judged::NeedsCount,
+                        Some(got) if got > want => {
+                            return finding(
+                                clause!("idem.replay.no-reexecution"),
+                                Class::Safety,
+                                format!("a resend of a completed request: {want} effect(s)"),
+                                format!("{got} effects; {}", r.summary()),
+                            );
+                        }
+                        Some(_) => {}
+                    }
+                }
+                return match age {
+                    Some(age) => finding(
+                        clause!("idem.window.replay"),
+                        Class::Semantics,
+                        format!("a replay: the key is {age} s old, inside the {window} s window"),
+                        r.summary(),
+                    ),
+                    None => finding(
+                        clause!("idem.replay.verbatim"),
+                        Class::Semantics,
+                        "a verbatim replay of the stored response",
+                        r.summary(),
+                    ),
+                };
+            }
+            let mut exercised = vec![clause!("idem.replay.verbatim")];
+            if age.is_some() {
+                exercised.push(clause!("idem.window.replay"));
+            }
+            Judged::Agreed {
+                exercised,
+                executed: None,
+            }
+        }
+        Expect::Mismatch { stored } => {
+            for r in &answers {
+                if stored.as_ref().is_some_and(|f| f.same_outcome(r))
+                    || ctx.manifest.marked(r) == Some(true)
+                    || r.replayed()
+                {
+                    return finding(
+                        clause!("idem.fingerprint.mismatch"),
+                        Class::Safety,
+                        "a changed body under a used key is never answered with the stored response",
+                        r.summary(),
+                    );
+                }
+                if !(400..500).contains(&r.status) {
+                    return finding(
+                        clause!("idem.fingerprint.mismatch"),
+                        Class::Semantics,
+                        format!(
+                            "a changed body under a used key is refused ({} as declared)",
+                            ctx.spelled(idem_spec::ErrorCode::IdempotencyKeyMismatch)
+                        ),
+                        r.summary(),
+                    );
+                }
+            }
+            Judged::Agreed {
+                exercised: vec![clause!("idem.fingerprint.mismatch")],
+                executed: None,
+            }
         }
     }
 }
 
+/// Judges an operation's final effect count against the model's. More
+/// effects than executions is safety (a burst's: single-effect; a resend's:
+/// no-reexecution); fewer is semantics (answers that claimed an execution
+/// that did not happen), never safety: no safety failure comes from a
+/// count short of what was expected. Pure.
+pub fn judge_count(marker: &str, want: u64, got: u64, burst: bool) -> Option<Finding> {
+    if got == want {
+        return None;
+    }
+    let (clause, class) = match (got > want, burst) {
+        (true, true) => (clause!("idem.concurrency.single-effect"), Class::Safety),
+        (true, false) => (clause!("idem.replay.no-reexecution"), Class::Safety),
+        (false, _) => (clause!("idem.state.three-states"), Class::Semantics),
+    };
+    Some(Finding {
+        clause,
+        class,
+        permitted: format!("{want} effect(s) for {marker:?}"),
+        observed: format!("{got} effect(s)"),
+    })
+}
+
+/// Applies an agreed step to the model: an execution stores its response
+/// and adds one expected effect.
+pub fn apply(
+    model: &mut Model,
+    caller: u8,
+    key: u8,
+    variant: u8,
+    marker: &str,
+    executed: Option<Response>,
+) {
+    model.expired.remove(&(caller, key));
+    if let Some(first) = executed {
+        *model.effects.entry(marker.to_owned()).or_default() += 1;
+        model.keys.insert(
+            (caller, key),
+            Stored {
+                variant,
+                response: Some(first),
+                at: model.now,
+            },
+        );
+    }
+}
+
+/// Moves the model clock: keys older than the window expire.
+pub fn advance(model: &mut Model, secs: u64) {
+    model.now += secs;
+    let (now, window) = (model.now, model.window);
+    let gone: Vec<(u8, u8)> = model
+        .keys
+        .iter()
+        .filter(|(_, s)| now - s.at > window)
+        .map(|(k, _)| *k)
+        .collect();
+    for k in gone {
+        model.keys.remove(&k);
+        model.expired.insert(k);
+    }
+}
+
+/// Runs the sequence: for each operation, send it, judge the answers
+/// against [`expect`] with [`judge`] (fetching the count or the leak proof
+/// it needs), narrate, and [`apply`] the outcome to the model.
 async fn execute_recording(
     ctx: &Ctx,
     ops: &[Op],
     tag: &str,
     repro: &mut Vec<String>,
-) -> Result<BTreeSet<&'static str>, Stop> {
+) -> Result<BTreeSet<ClauseId>, Stop> {
     let mut model = Model {
         window: ctx.manifest.policy.replay_window_secs,
         ..Model::default()
     };
-    let mut x = Exec {
-        ctx,
-        narrative: Vec::new(),
-        exercised: BTreeSet::new(),
+    let mut narrative: Vec<String> = Vec::new();
+    let mut exercised: BTreeSet<ClauseId> = BTreeSet::new();
+    let violation = |narrative: &[String], f: Finding| {
+        Stop::Violation(Violation {
+            clause: f.clause.to_string(),
+            class: f.class,
+            permitted: f.permitted,
+            observed: f.observed,
+            narrative: narrative.to_vec(),
+            reproduction: Vec::new(),
+        })
     };
+    let probe_stop = |e: ProbeError| match e {
+        ProbeError::NoKey => Stop::Undecided(e.to_string()),
+        ProbeError::Failed(s) => Stop::Harness(s),
+    };
+    // marker -> (caller, whether a burst carried it, every answer)
     let mut seen: BTreeMap<String, (u8, bool, Vec<Response>)> = BTreeMap::new();
     let names = [ctx.name(0).to_owned(), ctx.name(1).to_owned()];
     for (i, op) in ops.iter().enumerate() {
         let step = format!("S{}", i + 1);
-        match *op {
+        let (caller, key, variant, n) = match *op {
             Op::Advance { secs } => {
                 ctx.advance_clock(secs).await.map_err(Stop::Harness)?;
-                model.now += secs;
-                let (now, window) = (model.now, model.window);
-                let gone: Vec<(u8, u8)> = model
-                    .keys
-                    .iter()
-                    .filter(|(_, s)| now - s.at > window)
-                    .map(|(k, _)| *k)
-                    .collect();
-                for k in gone {
-                    model.keys.remove(&k);
-                    model.expired.insert(k);
-                }
-                x.narrative
-                    .push(format!("{step}: the clock advances {secs} s"));
+                advance(&mut model, secs);
+                narrative.push(format!("{step}: the clock advances {secs} s"));
                 repro.push(format!(
                     "# {step}: advance the clock {secs} s through hooks.clock"
                 ));
+                continue;
             }
             Op::Send {
                 caller,
                 key,
                 variant,
-            }
-            | Op::Burst {
+            } => (caller, key, variant, 1usize),
+            Op::Burst {
                 caller,
                 key,
                 variant,
-                ..
+                n,
+            } => (caller, key, variant, usize::from(n)),
+        };
+        // Send.
+        let marker = marker_of(ctx, tag, caller, key, variant);
+        let keyname = format!("{}-{tag}-k{key}", ctx.run_id);
+        let body = expand(
+            &ctx.endpoint().body,
+            ctx.caller(caller as usize),
+            &marker,
+            ctx.amount_at(u64::from(key) * 2 + u64::from(variant)),
+        );
+        let req = ctx.op(caller as usize, Some(&keyname), &marker, &body);
+        repro.push(format!(
+            "# {step}{}\n{}",
+            if n > 1 {
+                format!(" ({n} copies at once)")
+            } else {
+                String::new()
+            },
+            ctx.client.curl(&req)
+        ));
+        let sent = if n == 1 {
+            vec![ctx.client.send(&req).await]
+        } else {
+            ctx.client.burst(vec![req; n]).await
+        };
+        // The rule: nothing is judged from a request that was not sent or
+        // not answered.
+        if let Some(Err(f)) = sent.iter().find(|s| s.is_err()) {
+            return Err(match f {
+                Failure::Budget(_) | Failure::Connect(_) | Failure::Harness(_) => {
+                    Stop::Harness(format!("{step}: not sent: {f}"))
+                }
+                Failure::Timeout(_) | Failure::Transport(_) => {
+                    Stop::Undecided(format!("{step}: no answer: {f}"))
+                }
+            });
+        }
+        let answers: Vec<Response> = sent
+            .iter()
+            .filter_map(|s| s.as_ref().ok().cloned())
+            .collect();
+        // Narrate.
+        narrative.push(format!(
+            "{step}: {} sends {}key k{key} with body {variant} → {}",
+            names[caller as usize],
+            if n > 1 {
+                format!("{n} concurrent copies, ")
+            } else {
+                String::new()
+            },
+            answers
+                .iter()
+                .map(Response::summary)
+                .collect::<Vec<_>>()
+                .join(" | ")
+        ));
+        let entry = seen
+            .entry(marker.clone())
+            .or_insert_with(|| (caller, false, Vec::new()));
+        entry.1 |= n > 1;
+        entry.2.extend(answers.iter().cloned());
+        // Judge, gathering what the judge needs.
+        let expected = expect(&model, caller, key, variant, n);
+        let want = model.effects.get(&marker).copied().unwrap_or(0);
+        // A response only the other caller could have been given is a
+        // leak, whatever this caller's own state; what proves it, the
+        // loop asks the probe (identical documents alone are not proof).
+        let other = 1 - caller.min(1);
+        let mut leak = None;
+        if let Some(s) = model.keys.get(&(other, key))
+            && let Some(o) = s.response.as_ref()
+        {
+            let other_marker = marker_of(ctx, tag, other, key, s.variant);
+            for r in answers.iter().filter(|r| r.same_payload(o)) {
+                leak = ctx
+                    .is_leak(caller as usize, &marker, want, r, o, Some(&other_marker))
+                    .await
+                    .map_err(probe_stop)?;
+                if leak.is_some() {
+                    break;
+                }
+            }
+        }
+        let mut verdict = judge(ctx, &expected, &sent, leak.as_deref(), None, want);
+        if verdict == Judged::NeedsCount {
+            let refs: Vec<&Response> = answers.iter().collect();
+            let got = ctx
+                .effects(caller as usize, &marker, &refs)
+                .await
+                .map_err(probe_stop)?;
+            verdict = judge(ctx, &expected, &sent, leak.as_deref(), Some(got), want);
+        }
+        // Apply.
+        match verdict {
+            Judged::Agreed {
+                exercised: e,
+                executed,
             } => {
-                let n = if let Op::Burst { n, .. } = *op {
-                    n as usize
-                } else {
-                    1
-                };
-                let marker = marker_of(ctx, tag, caller, key, variant);
-                let keyname = format!("{}-{tag}-k{key}", ctx.run_id);
-                let body = expand(
-                    &ctx.endpoint().body,
-                    ctx.caller(caller as usize),
-                    &marker,
-                    ctx.amount_at(u64::from(key) * 2 + u64::from(variant)),
-                );
-                let req = ctx.op(caller as usize, Some(&keyname), &marker, &body);
-                repro.push(format!(
-                    "# {step}{}\n{}",
-                    if n > 1 {
-                        format!(" ({n} copies at once)")
-                    } else {
-                        String::new()
-                    },
-                    ctx.client.curl(&req)
-                ));
-                let sent = if n == 1 {
-                    vec![ctx.client.send(&req).await]
-                } else {
-                    ctx.client.burst(vec![req; n]).await
-                };
-                let answers: Vec<Response> = match sent.into_iter().collect::<Result<Vec<_>, _>>() {
-                    Ok(a) => a,
-                    Err(f) => return Err(Stop::Undecided(format!("{step}: no answer: {f}"))),
-                };
-                let shown: Vec<String> = answers.iter().map(Response::summary).collect();
-                x.narrative.push(format!(
-                    "{step}: {} sends {}key k{key} with body {variant} → {}",
-                    names[caller as usize],
-                    if n > 1 {
-                        format!("{n} concurrent copies, ")
-                    } else {
-                        String::new()
-                    },
-                    shown.join(" | ")
-                ));
-                let entry = seen
-                    .entry(marker.clone())
-                    .or_insert_with(|| (caller, false, Vec::new()));
-                entry.1 |= n > 1;
-                entry.2.extend(answers.iter().cloned());
-                let other = model.keys.get(&(1 - caller.min(1), key)).cloned();
-                // A response that only the other caller could have been
-                // given is a leak, whatever this caller's own state.
-                // Identical bytes alone could be two executions of an API
-                // whose answers carry no id: the probe decides.
-                let before = model.effects.get(&marker).copied().unwrap_or(0);
-                if let Some(o) = other.as_ref().and_then(|o| o.response.clone())
-                    && let Some(r) = answers
-                        .iter()
-                        .find(|r| (200..300).contains(&r.status) && r.same_outcome(&o))
-                    && ctx
-                        .is_leak(caller as usize, &marker, before, r, &o)
-                        .await
-                        .map_err(|e| match e {
-                            ProbeError::NoKey => Stop::Undecided(e.to_string()),
-                            ProbeError::Failed(s) => Stop::Harness(s),
-                        })?
-                {
-                    return Err(x.violation(
-                        "idem.scope.caller",
-                        Class::Safety,
-                        "never the other caller's stored response".into(),
-                        r.summary(),
-                    ));
-                }
-                match model.keys.get(&(caller, key)).cloned() {
-                    None => {
-                        let Some(first) = answers.iter().find(|r| ctx.executed(r, None)) else {
-                            if answers.iter().any(|r| matches!(r.status, 429 | 503)) {
-                                // Shed load says nothing about the key.
-                                return Err(Stop::Undecided(format!(
-                                    "{step}: the target shed load ({})",
-                                    shown.join(" | ")
-                                )));
-                            }
-                            let (clause, permitted) = if other.is_some() {
-                                (
-                                    "idem.scope.caller",
-                                    "the other caller's use of the key neither blocks nor refuses this one: it executes",
-                                )
-                            } else if model.expired.contains(&(caller, key)) {
-                                (
-                                    "idem.window.expiry",
-                                    "a key reused after its window executes as a new request",
-                                )
-                            } else {
-                                (
-                                    "idem.state.three-states",
-                                    "an absent key executes: a 2xx that is not a replay",
-                                )
-                            };
-                            return Err(x.violation(
-                                clause,
-                                Class::Semantics,
-                                permitted.into(),
-                                shown.join(" | "),
-                            ));
-                        };
-                        if other.is_some() {
-                            x.exercised.insert("idem.scope.caller");
-                        }
-                        if model.expired.remove(&(caller, key)) {
-                            x.exercised.insert("idem.window.expiry");
-                        }
-                        x.exercised.insert("idem.state.three-states");
-                        let first = first.clone();
-                        let executions = answers
-                            .iter()
-                            .filter(|r| ctx.executed(r, Some(&first)))
-                            .count()
-                            + 1;
-                        let odd: Vec<String> = answers
-                            .iter()
-                            .filter(|r| {
-                                !(r.same_outcome(&first)
-                                    || (400..500).contains(&r.status)
-                                    || r.status == 503
-                                    || ctx.executed(r, Some(&first)))
-                            })
-                            .map(Response::summary)
-                            .collect();
-                        if n > 1 {
-                            x.exercised.insert("idem.concurrency.single-effect");
-                            // More than one execution answered: count now,
-                            // so a safety failure is never masked by a
-                            // later, milder one.
-                            if executions > 1 || !odd.is_empty() {
-                                let got = x.effects(caller, &marker, &answers).await?;
-                                if got > 1 {
-                                    return Err(x.violation(
-                                        "idem.concurrency.single-effect",
-                                        Class::Safety,
-                                        format!("{n} concurrent copies with one key: one effect"),
-                                        format!("{got} effects; answers {}", shown.join(" | ")),
-                                    ));
-                                }
-                            }
-                            if !odd.is_empty() {
-                                return Err(x.violation(
-                                    "idem.concurrency.single-effect",
-                                    Class::Semantics,
-                                    "every other copy refused or answered with an identical replay"
-                                        .into(),
-                                    odd.join(" | "),
-                                ));
-                            }
-                        }
-                        *model.effects.entry(marker.clone()).or_default() += 1;
-                        model.keys.insert(
-                            (caller, key),
-                            Stored {
-                                variant,
-                                response: Some(first),
-                                at: model.now,
-                            },
-                        );
-                    }
-                    Some(s) if s.variant == variant => {
-                        let stored = s.response.clone();
-                        let moved = s.at < model.now;
-                        for r in &answers {
-                            if stored.as_ref().is_some_and(|f| f.same_outcome(r)) {
-                                continue;
-                            }
-                            if ctx.executed(r, stored.as_ref()) {
-                                // Executed again: count it; more effects
-                                // than the model allows is the worst case.
-                                let got = x.effects(caller, &marker, &answers).await?;
-                                let want = model.effects.get(&marker).copied().unwrap_or(0);
-                                if got > want {
-                                    return Err(x.violation(
-                                        "idem.replay.no-reexecution",
-                                        Class::Safety,
-                                        format!(
-                                            "a resend of a completed request: {want} effect(s)"
-                                        ),
-                                        format!("{got} effects; {}", r.summary()),
-                                    ));
-                                }
-                            }
-                            let (clause, permitted) = if moved {
-                                (
-                                    "idem.window.replay",
-                                    format!(
-                                        "a replay: the key is {} s old, inside the {} s window",
-                                        model.now - s.at,
-                                        model.window
-                                    ),
-                                )
-                            } else {
-                                (
-                                    "idem.replay.verbatim",
-                                    "a verbatim replay of the stored response".to_owned(),
-                                )
-                            };
-                            return Err(x.violation(
-                                clause,
-                                Class::Semantics,
-                                permitted,
-                                r.summary(),
-                            ));
-                        }
-                        x.exercised.insert("idem.replay.verbatim");
-                        if moved {
-                            x.exercised.insert("idem.window.replay");
-                        }
-                    }
-                    Some(s) => {
-                        let stored = s.response.clone();
-                        for r in &answers {
-                            if stored.as_ref().is_some_and(|f| f.same_outcome(r))
-                                || ctx.manifest.marked(r) == Some(true)
-                                || r.replayed()
-                            {
-                                return Err(x.violation(
-                                    "idem.fingerprint.mismatch",
-                                    Class::Safety,
-                                    "a changed body under a used key is never answered with the stored response".into(),
-                                    r.summary(),
-                                ));
-                            }
-                            if !(400..500).contains(&r.status) {
-                                return Err(x.violation(
-                                    "idem.fingerprint.mismatch",
-                                    Class::Semantics,
-                                    format!(
-                                        "a changed body under a used key is refused ({} as declared)",
-                                        ctx.spelled(idem_spec::ErrorCode::IdempotencyKeyMismatch)
-                                    ),
-                                    r.summary(),
-                                ));
-                            }
-                        }
-                        x.exercised.insert("idem.fingerprint.mismatch");
-                    }
-                }
+                exercised.extend(e);
+                apply(&mut model, caller, key, variant, &marker, executed);
+            }
+            Judged::Violation(f) => return Err(violation(&narrative, f)),
+            Judged::Undecided(why) => return Err(Stop::Undecided(format!("{step}: {why}"))),
+            Judged::NeedsCount => {
+                return Err(Stop::Harness(format!(
+                    "{step}: the judge asked for a count twice"
+                )));
             }
         }
     }
     for (marker, (caller, burst, responses)) in &seen {
         let want = model.effects.get(marker).copied().unwrap_or(0);
-        let n = x.effects(*caller, marker, responses).await?;
-        if n == want {
-            continue;
+        let refs: Vec<&Response> = responses.iter().collect();
+        let got = ctx
+            .effects(*caller as usize, marker, &refs)
+            .await
+            .map_err(probe_stop)?;
+        if let Some(f) = judge_count(marker, want, got, *burst) {
+            narrative.push(format!("the probe counts {got} effect(s) for {marker:?}"));
+            return Err(violation(&narrative, f));
         }
-        x.narrative
-            .push(format!("the probe counts {n} effect(s) for {marker:?}"));
-        let (clause, class) = match (n > want, burst) {
-            (true, true) => ("idem.concurrency.single-effect", Class::Safety),
-            (true, false) => ("idem.replay.no-reexecution", Class::Safety),
-            // Fewer effects than 2xx executions: answers that claimed an
-            // execution that did not happen.
-            (false, _) => ("idem.state.three-states", Class::Semantics),
-        };
-        return Err(x.violation(
-            clause,
-            class,
-            format!("{want} effect(s) for {marker:?}"),
-            format!("{n} effect(s)"),
-        ));
     }
     if !seen.is_empty() {
-        x.exercised.insert("idem.replay.no-reexecution");
+        exercised.insert(clause!("idem.replay.no-reexecution"));
     }
-    Ok(x.exercised)
+    Ok(exercised)
 }
 
 /// The property phase as a case, so it appears in every report.
@@ -557,14 +736,14 @@ pub fn case() -> Case {
         id: "model.sequences",
         title: "generated operation sequences (send, resend, changed body, other caller, bursts, clock) agree with the contract model",
         clauses: &[
-            "idem.replay.verbatim",
-            "idem.window.replay",
-            "idem.window.expiry",
-            "idem.fingerprint.mismatch",
-            "idem.scope.caller",
-            "idem.concurrency.single-effect",
-            "idem.replay.no-reexecution",
-            "idem.state.three-states",
+            clause!("idem.replay.verbatim"),
+            clause!("idem.window.replay"),
+            clause!("idem.window.expiry"),
+            clause!("idem.fingerprint.mismatch"),
+            clause!("idem.scope.caller"),
+            clause!("idem.concurrency.single-effect"),
+            clause!("idem.replay.no-reexecution"),
+            clause!("idem.state.three-states"),
         ],
         needs: &[],
         aim: Aim::Main,
@@ -593,7 +772,7 @@ async fn property(rec: &mut Rec) {
     let c2 = counter.clone();
     let ctx2 = ctx.clone();
     // What every agreeing sequence exercised, and the first undecided one.
-    let exercised = Arc::new(std::sync::Mutex::new(BTreeSet::<&'static str>::new()));
+    let exercised = Arc::new(std::sync::Mutex::new(BTreeSet::<ClauseId>::new()));
     // The reproduction of the longest agreeing sequence, as an example.
     let example = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let ex3 = example.clone();
@@ -674,7 +853,7 @@ async fn property(rec: &mut Rec) {
             for c in case().clauses {
                 if exercised.contains(c) {
                     rec.check(
-                        c,
+                        *c,
                         true,
                         "as the model predicts",
                         format!("{cases} sequences agreed"),
@@ -686,6 +865,7 @@ async fn property(rec: &mut Rec) {
                 .iter()
                 .copied()
                 .filter(|c| !exercised.contains(c))
+                .map(ClauseId::as_str)
                 .collect();
             if !skipped.is_empty() {
                 rec.note(format!(
@@ -748,7 +928,7 @@ async fn property(rec: &mut Rec) {
                 .iter()
                 .copied()
                 .find(|c| *c == final_v.clause)
-                .unwrap_or("idem.state.three-states");
+                .unwrap_or(clause!("idem.state.three-states"));
             rec.check_as(
                 clause,
                 final_v.class,
@@ -792,7 +972,7 @@ mod tests {
                 Op::Advance { secs: 60 },
             ],
             violation: Violation {
-                clause: "idem.scope.caller".into(),
+                clause: clause!("idem.scope.caller").into(),
                 class: Class::Safety,
                 permitted: "p".into(),
                 observed: "o".into(),
@@ -803,6 +983,293 @@ mod tests {
         let s = serde_json::to_string(&cx).expect("serialise");
         let back: Counterexample = serde_json::from_str(&s).expect("parse");
         assert_eq!(back.ops, cx.ops);
+    }
+
+    fn ctx() -> Ctx {
+        let m = crate::manifest::parse(crate::manifest::TEMPLATE, "t")
+            .expect("template")
+            .manifest;
+        let client = crate::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
+            .expect("client");
+        Ctx::new(m, client, "run".into(), 1)
+    }
+
+    fn r(status: u16, body: &str, replayed: bool) -> Sent {
+        let mut headers = vec![];
+        if replayed {
+            headers.push(("idempotent-replayed".into(), "true".into()));
+        }
+        Ok(Response {
+            status,
+            headers,
+            body: body.as_bytes().to_vec(),
+        })
+    }
+
+    fn resp(status: u16, body: &str) -> Response {
+        r(status, body, false).expect("a response")
+    }
+
+    fn stored(body: &str) -> Stored {
+        Stored {
+            variant: 0,
+            response: Some(resp(201, body)),
+            at: 0,
+        }
+    }
+
+    #[test]
+    fn the_expectation_follows_the_model_state() {
+        let mut m = Model {
+            window: 100,
+            ..Model::default()
+        };
+        assert!(matches!(
+            expect(&m, 0, 0, 0, 1),
+            Expect::Execute {
+                other_caller: None,
+                after_expiry: false,
+                copies: 1
+            }
+        ));
+        m.keys.insert((1, 0), stored(r#"{"id":9}"#));
+        assert!(matches!(
+            expect(&m, 0, 0, 0, 3),
+            Expect::Execute {
+                other_caller: Some(_),
+                copies: 3,
+                ..
+            }
+        ));
+        m.keys.insert((0, 0), stored(r#"{"id":1}"#));
+        assert!(matches!(
+            expect(&m, 0, 0, 0, 1),
+            Expect::Replay { age: None, .. }
+        ));
+        assert!(matches!(expect(&m, 0, 0, 1, 1), Expect::Mismatch { .. }));
+        advance(&mut m, 50);
+        assert!(matches!(
+            expect(&m, 0, 0, 0, 1),
+            Expect::Replay {
+                age: Some(50),
+                window: 100,
+                ..
+            }
+        ));
+        advance(&mut m, 60);
+        assert!(matches!(
+            expect(&m, 0, 0, 1, 1),
+            Expect::Execute {
+                after_expiry: true,
+                ..
+            }
+        ));
+    }
+
+    /// (what, expectation, answers, leak proof, count, want) → judged
+    /// clause and class (None: agreed).
+    #[test]
+    fn the_judge_table() {
+        let c = ctx();
+        let exec = |copies| Expect::Execute {
+            other_caller: None,
+            after_expiry: false,
+            copies,
+        };
+        let replay = Expect::Replay {
+            stored: Some(resp(201, r#"{"id":1}"#)),
+            age: None,
+            window: 100,
+        };
+        let mismatch = Expect::Mismatch {
+            stored: Some(resp(201, r#"{"id":1}"#)),
+        };
+        let in_use = r(409, r#"{"code":"idempotency_key_in_use"}"#, false);
+        type Row = (
+            &'static str,
+            Expect,
+            Vec<Sent>,
+            Option<&'static str>,
+            Option<u64>,
+            u64,
+            Option<(&'static str, Class)>,
+        );
+        let table: Vec<Row> = vec![
+            (
+                "a fresh send executes",
+                exec(1),
+                vec![r(201, r#"{"id":1}"#, false)],
+                None,
+                None,
+                0,
+                None,
+            ),
+            (
+                "a burst: one execution, refusals and replays",
+                exec(3),
+                vec![
+                    r(201, r#"{"id":1}"#, false),
+                    in_use.clone(),
+                    r(201, r#"{"id":1}"#, true),
+                ],
+                None,
+                None,
+                0,
+                None,
+            ),
+            (
+                "a burst with two executions and two effects",
+                exec(2),
+                vec![r(201, r#"{"id":1}"#, false), r(201, r#"{"id":2}"#, false)],
+                None,
+                Some(2),
+                0,
+                Some(("idem.concurrency.single-effect", Class::Safety)),
+            ),
+            (
+                "two executions answered but one effect: agreed",
+                exec(2),
+                vec![r(201, r#"{"id":1}"#, false), r(201, r#"{"id":2}"#, false)],
+                None,
+                Some(1),
+                0,
+                None,
+            ),
+            (
+                "a 5xx beside the execution, one effect",
+                exec(2),
+                vec![r(201, r#"{"id":1}"#, false), r(500, "", false)],
+                None,
+                Some(1),
+                0,
+                Some(("idem.concurrency.single-effect", Class::Semantics)),
+            ),
+            (
+                "an absent key refused: three states, semantics",
+                exec(1),
+                vec![in_use.clone()],
+                None,
+                None,
+                0,
+                Some(("idem.state.three-states", Class::Semantics)),
+            ),
+            (
+                "shed load is undecided",
+                exec(1),
+                vec![r(503, "", false)],
+                None,
+                None,
+                0,
+                None,
+            ),
+            (
+                "a proven leak is safety",
+                exec(1),
+                vec![r(201, r#"{"id":9}"#, false)],
+                Some("their marker"),
+                None,
+                0,
+                Some(("idem.scope.caller", Class::Safety)),
+            ),
+            (
+                "a verbatim replay",
+                replay.clone(),
+                vec![r(201, r#"{"id":1}"#, true)],
+                None,
+                None,
+                1,
+                None,
+            ),
+            (
+                "executed again with a second effect",
+                replay.clone(),
+                vec![r(201, r#"{"id":2}"#, false)],
+                None,
+                Some(2),
+                1,
+                Some(("idem.replay.no-reexecution", Class::Safety)),
+            ),
+            (
+                "a replay that differs, no second effect",
+                replay.clone(),
+                vec![r(201, r#"{"id":2}"#, false)],
+                None,
+                Some(1),
+                1,
+                Some(("idem.replay.verbatim", Class::Semantics)),
+            ),
+            (
+                "a refused resend is not a replay",
+                replay,
+                vec![in_use],
+                None,
+                None,
+                1,
+                Some(("idem.replay.verbatim", Class::Semantics)),
+            ),
+            (
+                "a mismatch refused",
+                mismatch.clone(),
+                vec![r(422, "{}", false)],
+                None,
+                None,
+                1,
+                None,
+            ),
+            (
+                "a mismatch answered with the stored response",
+                mismatch.clone(),
+                vec![r(201, r#"{"id":1}"#, false)],
+                None,
+                None,
+                1,
+                Some(("idem.fingerprint.mismatch", Class::Safety)),
+            ),
+            (
+                "a mismatch executed",
+                mismatch,
+                vec![r(201, r#"{"id":3}"#, false)],
+                None,
+                None,
+                1,
+                Some(("idem.fingerprint.mismatch", Class::Semantics)),
+            ),
+        ];
+        for (what, e, sent, leak, count, want, due) in table {
+            let mut got = judge(&c, &e, &sent, leak, None, want);
+            if got == Judged::NeedsCount {
+                got = judge(&c, &e, &sent, leak, Some(count.expect(what)), want);
+            }
+            let found = match &got {
+                Judged::Violation(f) => Some((f.clause.as_str(), f.class)),
+                Judged::NeedsCount => panic!("{what}: asked for the count twice"),
+                _ => None,
+            };
+            assert_eq!(found, due, "{what}: {got:?}");
+            if what.starts_with("shed") {
+                assert!(matches!(got, Judged::Undecided(_)), "{what}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_short_count_is_never_safety() {
+        assert_eq!(judge_count("m", 1, 1, false), None);
+        let f = judge_count("m", 1, 0, true).expect("a finding");
+        assert_eq!(
+            (f.clause.as_str(), f.class),
+            ("idem.state.three-states", Class::Semantics)
+        );
+        let f = judge_count("m", 1, 2, true).expect("a finding");
+        assert_eq!(
+            (f.clause.as_str(), f.class),
+            ("idem.concurrency.single-effect", Class::Safety)
+        );
+        let f = judge_count("m", 1, 3, false).expect("a finding");
+        assert_eq!(
+            (f.clause.as_str(), f.class),
+            ("idem.replay.no-reexecution", Class::Safety)
+        );
     }
 
     use proptest::strategy::ValueTree;

@@ -160,6 +160,7 @@ pub async fn run_with(
         side_effect_requests: client.effects_used(),
         requests: client.requests_sent(),
         preflight,
+        harness_error: None,
         headlines: Vec::new(),
         cases,
         clauses: Vec::new(),
@@ -168,6 +169,37 @@ pub async fn run_with(
     };
     finish(&mut report, &loaded.manifest.waivers);
     Ok(report)
+}
+
+/// The report of a run that stopped before any case (a failed preflight):
+/// no cases, the reason in `harness_error`, result `harness-error`.
+pub fn harness_report(loaded: &Loaded, why: String) -> Report {
+    let started_unix_secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut report = Report {
+        kit_version: crate::KIT_VERSION.to_owned(),
+        contract_version: idem_spec::CONTRACT_VERSION.to_owned(),
+        profile: loaded.manifest.profile_name(),
+        manifest_sha256: loaded.sha256.clone(),
+        target: loaded.manifest.target.name.clone(),
+        base_url: loaded.manifest.target.base_url.clone(),
+        run_id: String::new(),
+        seed: 0,
+        started_unix_secs,
+        duration_ms: 0,
+        side_effect_requests: 0,
+        requests: 0,
+        preflight: Vec::new(),
+        harness_error: Some(why),
+        headlines: Vec::new(),
+        cases: Vec::new(),
+        clauses: Vec::new(),
+        waivers: Vec::new(),
+        summary: empty_summary(),
+    };
+    finish(&mut report, &loaded.manifest.waivers);
+    report
 }
 
 /// Runs a case; a failing one once more with fresh keys. A MUST broken once
@@ -179,6 +211,11 @@ async fn run_with_rerun(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
         let again = run_case(case, ctx).await;
         let note = if again.verdict == Verdict::Fail {
             "stable: failed again on an automatic re-run".to_owned()
+        } else if again.verdict == Verdict::Error {
+            format!(
+                "the automatic re-run could not finish ({}), so stable or intermittent is unknown",
+                again.reason.as_deref().unwrap_or("a harness error")
+            )
         } else {
             format!(
                 "intermittent: an automatic re-run ended {} (a race the target loses sometimes)",
@@ -195,6 +232,7 @@ async fn run_with_rerun(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
             checks: again.checks,
             narrative: again.narrative,
             reproduction: again.reproduction,
+            side_effect_requests: again.side_effect_requests,
         });
     }
     result
@@ -311,6 +349,7 @@ pub async fn run_case(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
     let started = Instant::now();
     let ctx = Arc::new(ctx.for_case(case));
     let mut rec = Rec::new(ctx.clone());
+    rec.case_id = case.id;
     if let Some(need) = case.missing_need_with(&ctx.manifest, ctx.restarter.is_some()) {
         rec.stop(
             Verdict::Unsupported,
@@ -319,16 +358,15 @@ pub async fn run_case(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
     } else if ctx.client.effects_used() >= ctx.client.budget() {
         rec.stop(
             Verdict::Error,
-            format!(
-                "not run: the side-effect budget ({}) is spent",
-                ctx.client.budget()
-            ),
+            crate::case::budget_spent(case.id, ctx.client.budget()),
         );
     } else {
         (case.run)(&mut rec).await;
     }
     let verdict = rec.verdict();
+    let side_effect_requests = ctx.client.case_effects_used();
     CaseReport {
+        side_effect_requests,
         id: case.id.to_owned(),
         family: case.family().to_owned(),
         title: case.title.to_owned(),
@@ -345,7 +383,8 @@ pub async fn run_case(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
     }
 }
 
-fn empty_summary() -> Summary {
+/// A summary with every count zero, before [`finish`] fills it.
+pub fn empty_summary() -> Summary {
     Summary {
         pass: 0,
         non_strict: 0,
@@ -409,10 +448,14 @@ pub fn finish(report: &mut Report, waivers: &[idem_spec::manifest::Waiver]) {
     s.must_clauses_failed = failed;
     report.headlines = headlines(&report.cases);
     s.stale_waivers = report.waivers.iter().filter(|w| w.stale.is_some()).count() as u32;
-    let harness = report
-        .cases
-        .iter()
-        .any(|c| c.waived.is_none() && c.verdict == Verdict::Error);
+    let harness = report.harness_error.is_some()
+        || report.cases.iter().any(|c| {
+            c.waived.is_none()
+                && (c.verdict == Verdict::Error
+                    || c.rerun
+                        .as_ref()
+                        .is_some_and(|r| r.verdict == Verdict::Error))
+        });
     s.result = if !s.unsafe_clauses.is_empty() {
         Outcome::Unsafe
     } else if harness {
@@ -546,6 +589,7 @@ mod tests {
             reproduction: vec![],
             waived: None,
             duration_ms: 0,
+            side_effect_requests: 0,
             rerun: None,
         }
     }
@@ -565,6 +609,7 @@ mod tests {
             side_effect_requests: 0,
             requests: 0,
             preflight: vec![],
+            harness_error: None,
             headlines: vec![],
             cases,
             clauses: vec![],

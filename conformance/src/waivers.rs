@@ -68,6 +68,7 @@ mod tests {
             reproduction: vec![],
             waived: None,
             duration_ms: 0,
+            side_effect_requests: 0,
             rerun: None,
         }
     }

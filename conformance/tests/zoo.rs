@@ -23,7 +23,7 @@ use idem_conformance::manifest::{self, Loaded};
 use idem_conformance::runner::{self, Options};
 use idem_spec::clauses::Class;
 use idem_spec::report::{Outcome, Report, Verdict};
-use idem_zoo::{Defect, Dialect, ZooConfig};
+use idem_zoo::{Defect, Dialect, Quirk, ZooConfig};
 
 const SEEDS: [u64; 3] = [1, 2, 3];
 
@@ -37,15 +37,82 @@ fn manifest_for(dialect: Dialect, base_url: &str) -> Loaded {
     loaded
 }
 
-async fn run_zoo(dialect: Dialect, defect: Option<Defect>, delay_ms: u64, seed: u64) -> Report {
+/// What a manifest says for each quirk: the declarations the issue asked
+/// the manifest to be able to make.
+fn declare(quirk: Quirk, m: &mut idem_spec::manifest::Manifest) {
+    use idem_spec::manifest::{InFlightMode, WireError};
+    match quirk {
+        // Nothing to declare: the kit opens a fresh connection after a 5xx.
+        Quirk::ResetAfterServerError => {}
+        Quirk::NestedErrorCode => {
+            m.profile.code_pointer = Some("/error/code".into());
+            for (code, status) in [
+                ("idempotency_key_missing", 400),
+                ("idempotency_key_invalid", 400),
+                ("idempotency_key_in_use", 409),
+            ] {
+                m.profile.errors.insert(
+                    code.into(),
+                    WireError {
+                        status,
+                        code: None,
+                        pointer: Some("/error/code".into()),
+                        value: Some(code.into()),
+                        pattern: None,
+                    },
+                );
+            }
+            let mismatch = m
+                .profile
+                .errors
+                .get("idempotency_key_mismatch")
+                .map_or(409, |w| w.status);
+            m.profile.errors.insert(
+                "idempotency_key_mismatch".into(),
+                WireError {
+                    status: mismatch,
+                    code: None,
+                    pointer: Some("/error/code".into()),
+                    value: Some("idempotency_key_mismatch".into()),
+                    pattern: None,
+                },
+            );
+        }
+        Quirk::MarkerValueOne => m.profile.replay_marker_value = Some("1".into()),
+        Quirk::AlwaysWait => m.policy.in_flight = InFlightMode::AlwaysWait,
+        Quirk::NoInFlightState => m.policy.in_flight = InFlightMode::None,
+        _ => {}
+    }
+}
+
+/// The quirk cells: each correct-but-unusual behaviour on one dialect.
+const QUIRK_CELLS: [(Dialect, Quirk); 5] = [
+    (Dialect::Reference, Quirk::ResetAfterServerError),
+    (Dialect::PlainJson422, Quirk::NestedErrorCode),
+    (Dialect::PlainJson400, Quirk::MarkerValueOne),
+    (Dialect::Reference, Quirk::AlwaysWait),
+    (Dialect::Reference, Quirk::NoInFlightState),
+];
+
+async fn run_zoo_with(
+    dialect: Dialect,
+    defect: Option<Defect>,
+    quirk: Option<Quirk>,
+    delay_ms: u64,
+    seed: u64,
+) -> Report {
     let zoo = idem_zoo::spawn(ZooConfig {
         dialect,
         defect,
         delay: Duration::from_millis(delay_ms),
+        quirk,
     })
     .await
     .expect("zoo starts");
-    let loaded = manifest_for(dialect, &zoo.base_url);
+    let mut loaded = manifest_for(dialect, &zoo.base_url);
+    if let Some(q) = quirk {
+        declare(q, &mut loaded.manifest);
+    }
     let r = runner::run(
         &loaded,
         &Options {
@@ -78,18 +145,60 @@ struct Cell {
     results: BTreeSet<&'static str>,
     failures: BTreeSet<(String, Class)>,
     problems: Vec<String>,
+    /// The most state-changing requests each case sent in one run (first
+    /// run or re-run), and the most a whole run sent.
+    spend: BTreeMap<String, u64>,
+    run_spend: u64,
 }
 
-fn judge(dialect: Dialect, defect: Option<Defect>, seed: u64, r: &Report, cell: &mut Cell) {
+fn judge(
+    dialect: Dialect,
+    defect: Option<Defect>,
+    quirk: Option<Quirk>,
+    seed: u64,
+    r: &Report,
+    cell: &mut Cell,
+) {
     let console = idem_conformance::report::console::render(r);
     let mut problem = |what: String| {
         cell.problems.push(format!(
             "{dialect} × {} (seed {seed}): {what}",
-            name(defect)
+            label(defect, quirk)
         ))
     };
     let fails = failures(r);
     match defect {
+        None if quirk.is_some() => {
+            // A correct API with a declared quirk: no safety or semantics
+            // failure, whatever its spelling.
+            let bad: Vec<_> = fails.iter().filter(|(_, c)| *c > Class::Interop).collect();
+            if !bad.is_empty() {
+                problem(format!(
+                    "a correct API with a declared quirk got {bad:?}\n{console}"
+                ));
+            }
+            // The case each quirk would have broken before the manifest
+            // could declare it (or the kit could bear it) must now pass.
+            let must_pass = match quirk {
+                Some(Quirk::ResetAfterServerError) => "failure.5xx-not-stored",
+                Some(Quirk::NestedErrorCode) => "keys.errors-distinct",
+                Some(Quirk::MarkerValueOne) => "replay.verbatim",
+                _ => "concurrency.gate",
+            };
+            // Passed, or failed on spelling alone (interop).
+            let judged = r.cases.iter().find(|c| c.id == must_pass).is_some_and(|c| {
+                c.verdict == Verdict::Pass
+                    || (c.verdict == Verdict::Fail
+                        && c.checks
+                            .iter()
+                            .all(|k| k.verdict != Verdict::Fail || k.class == Class::Interop))
+            });
+            if !judged {
+                problem(format!(
+                    "{must_pass} was not judged on behaviour alone\n{console}"
+                ));
+            }
+        }
         None => {
             let bad: Vec<_> = fails.iter().filter(|(_, c)| *c > Class::Interop).collect();
             if !bad.is_empty() {
@@ -149,14 +258,29 @@ fn judge(dialect: Dialect, defect: Option<Defect>, seed: u64, r: &Report, cell: 
     }
     cell.results.insert(r.summary.result.as_str());
     cell.failures.extend(fails);
+    for c in &r.cases {
+        let most = c
+            .side_effect_requests
+            .max(c.rerun.as_ref().map_or(0, |x| x.side_effect_requests));
+        let e = cell.spend.entry(c.id.clone()).or_default();
+        *e = (*e).max(most);
+    }
+    cell.run_spend = cell.run_spend.max(r.side_effect_requests);
 }
 
 fn name(defect: Option<Defect>) -> &'static str {
     defect.map_or("none", Defect::as_str)
 }
 
+fn label(defect: Option<Defect>, quirk: Option<Quirk>) -> String {
+    match quirk {
+        Some(q) => format!("none (quirk: {q})"),
+        None => name(defect).to_owned(),
+    }
+}
+
 /// One README row per cell.
-fn row(dialect: Dialect, defect: Option<Defect>, cell: &Cell) -> String {
+fn row(dialect: Dialect, defect: Option<Defect>, quirk: Option<Quirk>, cell: &Cell) -> String {
     let list = |pick: &dyn Fn(Class) -> bool| {
         let v: Vec<String> = cell
             .failures
@@ -181,7 +305,7 @@ fn row(dialect: Dialect, defect: Option<Defect>, cell: &Cell) -> String {
     });
     format!(
         "| {dialect} | {} | {} | {own} | {} | {} | {} |",
-        name(defect),
+        label(defect, quirk),
         cell.results.iter().copied().collect::<Vec<_>>().join(" / "),
         list(&|c| c == Class::Safety),
         list(&|c| c == Class::Semantics),
@@ -199,43 +323,82 @@ async fn every_dialect_and_defect_is_judged_by_behaviour_not_spelling() {
     let mut cells = Vec::new();
     for dialect in Dialect::ALL {
         for defect in std::iter::once(None).chain(Defect::ALL.map(Some)) {
-            cells.push((dialect, defect));
+            cells.push((dialect, defect, None));
         }
     }
+    cells.extend(QUIRK_CELLS.map(|(d, q)| (d, None, Some(q))));
+    // IDEM_ZOO_ONLY=NAME runs only the cells whose defect or quirk is NAME
+    // (or "none"), to work on one; the README is then left alone.
+    let only = std::env::var("IDEM_ZOO_ONLY").ok();
+    if let Some(o) = &only {
+        cells.retain(|(_, d, q)| q.map_or_else(|| name(*d).to_owned(), |q| q.to_string()) == *o);
+    }
     // Four cells at a time, each on its own zoo.
+    type Done = BTreeMap<usize, (Dialect, Option<Defect>, Option<Quirk>, Cell)>;
     let mut set = tokio::task::JoinSet::new();
-    let mut done: BTreeMap<usize, (Dialect, Option<Defect>, Cell)> = BTreeMap::new();
+    let mut done: Done = BTreeMap::new();
     let mut next = cells.into_iter().enumerate();
     loop {
         while set.len() < 4 {
-            let Some((i, (dialect, defect))) = next.next() else {
+            let Some((i, (dialect, defect, quirk))) = next.next() else {
                 break;
             };
             set.spawn(async move {
                 let mut cell = Cell::default();
                 for seed in SEEDS {
-                    let r = run_zoo(dialect, defect, 0, seed).await;
-                    judge(dialect, defect, seed, &r, &mut cell);
+                    let r = run_zoo_with(dialect, defect, quirk, 0, seed).await;
+                    if std::env::var_os("IDEM_ZOO_ONLY").is_some() {
+                        for c in r.cases.iter().filter(|c| c.duration_ms > 500) {
+                            eprintln!("slow: {dialect} {} {} ms", c.id, c.duration_ms);
+                        }
+                    }
+                    judge(dialect, defect, quirk, seed, &r, &mut cell);
                 }
-                (i, dialect, defect, cell)
+                (i, dialect, defect, quirk, cell)
             });
         }
         let Some(joined) = set.join_next().await else {
             break;
         };
-        let (i, dialect, defect, cell) = joined.expect("cell task");
-        done.insert(i, (dialect, defect, cell));
+        let (i, dialect, defect, quirk, cell) = joined.expect("cell task");
+        done.insert(i, (dialect, defect, quirk, cell));
     }
     let elapsed = started.elapsed();
     let problems: Vec<&String> = done
         .values()
-        .flat_map(|(_, _, c)| c.problems.iter())
+        .flat_map(|(_, _, _, c)| c.problems.iter())
         .collect();
+    // The side-effect budget an API on which every case fails would need:
+    // each case's most expensive run in any cell, twice (the automatic
+    // re-run). The default budget must cover it.
+    let mut per_case: BTreeMap<&str, u64> = BTreeMap::new();
+    for (_, _, _, c) in done.values() {
+        for (id, n) in &c.spend {
+            let e = per_case.entry(id.as_str()).or_default();
+            *e = (*e).max(*n);
+        }
+    }
+    let every_case_fails: u64 = per_case.values().map(|n| 2 * n).sum();
+    let most_in_a_run = done
+        .values()
+        .map(|(_, _, _, c)| c.run_spend)
+        .max()
+        .unwrap_or(0);
+    let default_budget = idem_spec::manifest::Limits::default().max_side_effects;
+    eprintln!(
+        "side effects: at most {most_in_a_run} in one run; {every_case_fails} if every case failed and re-ran; default budget {default_budget}"
+    );
+    if only.is_none() {
+        assert!(
+            every_case_fails <= default_budget,
+            "the default side-effect budget ({default_budget}) does not cover a run in which every case fails and re-runs ({every_case_fails}): {per_case:?}"
+        );
+    }
     let mut table = vec![
         "| Dialect | Defect | Result | Own clause (class) | Safety failures | Semantics failures | Interop findings |".to_owned(),
         "|---|---|---|---|---|---|---|".to_owned(),
     ];
-    table.extend(done.values().map(|(d, f, c)| row(*d, *f, c)));
+    table.extend(done.values().map(|(d, f, q, c)| row(*d, *f, *q, c)));
     let table = table.join("\n");
     eprintln!(
         "{table}\n\n{} cells × {} seeds in {:.1} s",
@@ -253,6 +416,9 @@ async fn every_dialect_and_defect_is_judged_by_behaviour_not_spelling() {
             .collect::<Vec<_>>()
             .join("\n\n")
     );
+    if only.is_some() {
+        return;
+    }
     let readme_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("README.md");
     let readme = std::fs::read_to_string(&readme_path).expect("README");
     let (Some(b), Some(e)) = (readme.find(BEGIN), readme.find(END)) else {
@@ -303,6 +469,7 @@ async fn console_json_junit_and_html_agree_on_every_count() {
         dialect: Dialect::PlainJson422,
         defect: Some(Defect::GlobalKeySpace),
         delay: Duration::ZERO,
+        quirk: None,
     })
     .await
     .expect("zoo");
@@ -601,6 +768,7 @@ async fn the_cli_writes_every_artefact_into_one_directory_and_exits_with_the_res
         dialect: Dialect::PlainJson417,
         defect: Some(Defect::ReplayHeadersDropped),
         delay: Duration::ZERO,
+        quirk: None,
     })
     .await
     .expect("zoo");
@@ -649,4 +817,95 @@ async fn the_cli_writes_every_artefact_into_one_directory_and_exits_with_the_res
     let explained = idem_conformance::report::explain(failed).join("\n");
     assert!(explained.contains("automatic re-run"), "{explained}");
     let _ = std::fs::remove_dir_all(&out);
+}
+
+// The rule: nothing is judged from a request that was not sent. A budget
+// that runs out mid-run makes the run a harness error naming the case and
+// the setting, never a safety failure from the bursts it could not send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_spent_budget_is_a_harness_error_naming_the_case_and_the_setting() {
+    let zoo = idem_zoo::spawn(ZooConfig::default()).await.expect("zoo");
+    let mut loaded = manifest_for(Dialect::Reference, &zoo.base_url);
+    // The preflight's three requests, and a little more: the gate's second
+    // or third round cannot be sent.
+    loaded.manifest.limits.max_side_effects = 70;
+    let r = runner::run(
+        &loaded,
+        &Options {
+            seed: Some(6),
+            only: Some("concurrency.*".into()),
+            progress: false,
+            artifacts_dir: Some(std::env::temp_dir()),
+        },
+    )
+    .await
+    .expect("run");
+    zoo.shutdown().await;
+    let console = idem_conformance::report::console::render(&r);
+    assert_eq!(r.summary.result, Outcome::HarnessError, "{console}");
+    assert!(r.summary.unsafe_clauses.is_empty(), "{console}");
+    let spent: Vec<&str> = r
+        .cases
+        .iter()
+        .filter(|c| c.verdict == Verdict::Error)
+        .filter_map(|c| c.reason.as_deref())
+        .collect();
+    assert!(!spent.is_empty(), "{console}");
+    for reason in spent {
+        assert!(
+            reason.contains("limits.max_side_effects") && reason.contains("in case concurrency."),
+            "{reason}"
+        );
+    }
+    assert!(r.side_effect_requests <= 70);
+}
+
+// A run the preflight stops still leaves its reports, so a CI job that
+// publishes them shows why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stopped_by_its_preflight_still_writes_its_reports() {
+    use clap::Parser;
+    let zoo = idem_zoo::spawn(ZooConfig::default()).await.expect("zoo");
+    let dir = std::env::temp_dir().join(format!("idem-kit-preflight-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("dir");
+    let text = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("zoo/manifests/reference.toml"),
+    )
+    .expect("manifest")
+    .replace("Bearer zoo-bob", "Bearer wrong");
+    let manifest = dir.join("target.toml");
+    std::fs::write(&manifest, text).expect("write");
+    let out = dir.join("out");
+    let cli = idem_conformance::commands::Cli::parse_from([
+        "idem-conformance".to_owned(),
+        "run".into(),
+        "--target".into(),
+        manifest.display().to_string(),
+        "--base-url".into(),
+        zoo.base_url.clone(),
+        "--out-dir".into(),
+        out.display().to_string(),
+    ]);
+    let code = idem_conformance::commands::execute(cli).await;
+    zoo.shutdown().await;
+    assert_eq!(code, idem_conformance::EXIT_HARNESS);
+    let report: Report =
+        serde_json::from_str(&std::fs::read_to_string(out.join("report.json")).expect("json"))
+            .expect("parses");
+    assert_eq!(report.summary.result, Outcome::HarnessError);
+    assert!(
+        report
+            .harness_error
+            .as_deref()
+            .is_some_and(|e| e.contains("callers[1].headers")),
+        "{:?}",
+        report.harness_error
+    );
+    let junit = std::fs::read_to_string(out.join("junit.xml")).expect("junit");
+    assert!(
+        junit.contains("preflight") && junit.contains("<error"),
+        "{junit}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

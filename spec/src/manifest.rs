@@ -83,6 +83,15 @@ pub struct ProfileDecl {
     /// `Idempotent-Replayed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_marker: Option<String>,
+    /// The value of the replay marker header on a replay, compared without
+    /// regard to case (e.g. `"1"`, `"yes"`). Default: `true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_marker_value: Option<String>,
+    /// A JSON pointer (RFC 6901) to the error code in the target's error
+    /// bodies, e.g. `/error/code` for `{"error": {"code": "..."}}`; the
+    /// distinct-errors check reads codes there. Default: `/code`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code_pointer: Option<String>,
     /// Statuses the target answers for a route or method it does not serve
     /// (the kit sends one in `mismatch.method`). Default: 404, 405 and 501.
     #[serde(default = "default_unsupported")]
@@ -95,6 +104,8 @@ impl Default for ProfileDecl {
             base: Profile::default(),
             errors: BTreeMap::new(),
             replay_marker: None,
+            replay_marker_value: None,
+            code_pointer: None,
             unsupported_statuses: default_unsupported(),
         }
     }
@@ -244,6 +255,13 @@ pub enum InFlightMode {
     /// 409 at once, or hold and replay when the client sends `Prefer: wait=N`.
     #[default]
     ConflictOrWait,
+    /// An in-flight duplicate is always held until the first request
+    /// finishes, then answered with its replay (never refused as in use).
+    AlwaysWait,
+    /// The target keeps no in-flight state: a duplicate of a running
+    /// request is serialised behind it (or refused in some other way), and
+    /// the kit only checks that it is not executed.
+    None,
 }
 
 /// Policies the target declares.
@@ -259,6 +277,28 @@ pub struct DeclaredPolicy {
     /// Which outcomes are stored.
     #[serde(default)]
     pub failure_policy: FailurePolicy,
+    /// What the request fingerprint covers, when it is not the contract's
+    /// method, path with query, and body.
+    #[serde(default)]
+    pub fingerprint: FingerprintDecl,
+}
+
+/// What a target's request fingerprint covers. The contract's covers the
+/// method, the path with its query, and the body; a target that leaves a
+/// part out declares it so the kit reports the declared difference as an
+/// `interop` finding instead of judging a replay across it unsafe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FingerprintDecl {
+    /// Whether the query string is part of the fingerprint. Default: true.
+    #[serde(default = "yes")]
+    pub query: bool,
+}
+
+impl Default for FingerprintDecl {
+    fn default() -> Self {
+        Self { query: true }
+    }
 }
 
 fn default_window() -> u64 {
@@ -271,6 +311,7 @@ impl Default for DeclaredPolicy {
             replay_window_secs: default_window(),
             in_flight: InFlightMode::default(),
             failure_policy: FailurePolicy::default(),
+            fingerprint: FingerprintDecl::default(),
         }
     }
 }
@@ -458,8 +499,12 @@ pub struct Limits {
     pub probe_settle_ms: u64,
 }
 
+/// Measured on the conformance kit's zoo (`tests/zoo.rs` asserts it): a
+/// run in which every case fails and re-runs sends about 640 state-changing
+/// requests; the default leaves room for the cases that need hooks and for
+/// a longer shrink of a generated counterexample.
 fn default_max_effects() -> u64 {
-    500
+    1500
 }
 fn default_rps() -> u32 {
     50

@@ -154,6 +154,11 @@ pub struct Report {
     /// What the preflight verified before any case ran.
     #[serde(default)]
     pub preflight: Vec<String>,
+    /// Why the run stopped before its cases (a manifest the kit could not
+    /// use, a failed preflight), in one sentence; the result is then
+    /// `harness-error` and `cases` is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness_error: Option<String>,
     /// One line per unwaived safety failure, worst first; reports lead
     /// with these.
     #[serde(default)]
@@ -197,6 +202,10 @@ pub struct CaseReport {
     pub waived: Option<String>,
     /// Wall time, milliseconds.
     pub duration_ms: u64,
+    /// State-changing requests the case sent (its share of the side-effect
+    /// budget; a re-run's are counted in `rerun`).
+    #[serde(default)]
+    pub side_effect_requests: u64,
     /// The automatic re-run of a failing case, with its own evidence; its
     /// verdict says whether the failure is stable or intermittent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -217,6 +226,9 @@ pub struct Rerun {
     pub narrative: Vec<String>,
     /// The re-run's curl reproductions.
     pub reproduction: Vec<String>,
+    /// State-changing requests the re-run sent.
+    #[serde(default)]
+    pub side_effect_requests: u64,
 }
 
 /// One check inside a case.

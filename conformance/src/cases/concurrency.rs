@@ -9,11 +9,12 @@
 //! for a double effect: from outside, a non-atomic claim and a missing
 //! in-flight state look the same, and the kit reports what it saw.
 
+use crate::clause;
 use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 
 use crate::case::{Aim, Case, Ctx, Rec, shared};
-use crate::http::{Request, Response, Sent};
+use crate::http::{Failure, Request, Response, Sent};
 use crate::manifest::ManifestExt;
 
 /// Gate rounds per run: a race that loses once in a few tries still shows.
@@ -26,12 +27,12 @@ pub fn cases() -> Vec<Case> {
             id: "concurrency.gate",
             title: "N identical concurrent requests (one key) execute exactly once",
             clauses: &[
-                "idem.concurrency.single-effect",
-                "idem.inflight.conflict",
-                "idem.inflight.retry-after",
-                "idem.replay.verbatim",
-                "idem.replay.marker",
-                "idem.errors.profiles",
+                clause!("idem.concurrency.single-effect"),
+                clause!("idem.inflight.conflict"),
+                clause!("idem.inflight.retry-after"),
+                clause!("idem.replay.verbatim"),
+                clause!("idem.replay.marker"),
+                clause!("idem.errors.profiles"),
             ],
             needs: &[],
             aim: Aim::Main,
@@ -48,7 +49,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "concurrency.two-callers",
             title: "two callers racing with the same key each execute exactly once",
-            clauses: &["idem.scope.caller", "idem.concurrency.single-effect"],
+            clauses: &[
+                clause!("idem.scope.caller"),
+                clause!("idem.concurrency.single-effect"),
+            ],
             needs: &[],
             aim: Aim::Main,
             alone: shared,
@@ -192,7 +196,24 @@ pub async fn round(rec: &mut Rec, req: &Request, n: usize, what: &str) -> Vec<Se
         "{label_from}..{label_to}: {what}, {n} copies released together at a barrier → {}",
         tally_sent(&sent)
     ));
+    stop_if_unsent(rec, &sent);
     sent
+}
+
+/// A burst the harness did not send (the budget, no connection) stops the
+/// case as a harness error: the rule is that nothing is judged from a
+/// request that was not sent. Returns whether it stopped.
+pub fn stop_if_unsent(rec: &mut Rec, sent: &[Sent]) -> bool {
+    if let Some(Err(f)) = sent.iter().find(|s| {
+        matches!(
+            s,
+            Err(Failure::Budget(_) | Failure::Connect(_) | Failure::Harness(_))
+        )
+    }) {
+        rec.fail_send(f);
+        return true;
+    }
+    false
 }
 
 fn tally_sent(sent: &[Sent]) -> String {
@@ -222,11 +243,14 @@ async fn gate(rec: &mut Rec) {
             &format!("round {round_no}: {name}, key {a}, one body"),
         )
         .await;
+        if rec.harness_stopped() {
+            return;
+        }
         let o = classify(&rec.ctx, &sent);
         let responses: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
         let Some(effects) = rec
             .check_effects(
-                "idem.concurrency.single-effect",
+                clause!("idem.concurrency.single-effect"),
                 0,
                 &marker,
                 &responses,
@@ -243,7 +267,7 @@ async fn gate(rec: &mut Rec) {
         // their consequence, already judged above: not a second finding.
         if effects <= 1 {
             rec.check_as(
-                "idem.concurrency.single-effect",
+                clause!("idem.concurrency.single-effect"),
                 Class::Semantics,
                 o.other.is_empty(),
                 "every answer but one is a refusal or an identical replay",
@@ -254,7 +278,7 @@ async fn gate(rec: &mut Rec) {
             // Distinct 2xx bodies for one effect: replays that are not the
             // stored response.
             rec.check(
-                "idem.replay.verbatim",
+                clause!("idem.replay.verbatim"),
                 false,
                 "replays identical to the execution",
                 format!("{} 2xx answers unlike the execution", o.executed - 1),
@@ -264,7 +288,7 @@ async fn gate(rec: &mut Rec) {
             // Positive evidence only: duplicates arrived in flight, were
             // refused, and nothing ran twice.
             rec.check(
-                "idem.inflight.conflict",
+                clause!("idem.inflight.conflict"),
                 true,
                 "duplicates that arrive in flight are refused, not executed",
                 format!("{} refused in flight; one effect", o.conflicts),
@@ -273,7 +297,7 @@ async fn gate(rec: &mut Rec) {
         if o.conflicts + o.other_refusals.len() > 0 {
             let declared = rec.ctx.spelled(ErrorCode::IdempotencyKeyInUse);
             rec.check(
-                "idem.errors.profiles",
+                clause!("idem.errors.profiles"),
                 o.conflicts_as_declared == o.refused(),
                 format!("every in-flight refusal is {declared}"),
                 format!(
@@ -290,7 +314,7 @@ async fn gate(rec: &mut Rec) {
         }
         if o.conflicts > 0 {
             rec.check(
-                "idem.inflight.retry-after",
+                clause!("idem.inflight.retry-after"),
                 o.conflicts_without_retry_after == 0,
                 "every in-flight refusal carries Retry-After",
                 format!(
@@ -301,7 +325,7 @@ async fn gate(rec: &mut Rec) {
         }
         if o.identical_replays > 0 {
             rec.check(
-                "idem.replay.marker",
+                clause!("idem.replay.marker"),
                 o.replays_without_marker == 0,
                 "every replay carries Idempotent-Replayed: true",
                 format!(
@@ -376,6 +400,15 @@ async fn two_callers(rec: &mut Rec) {
     }
     rec.ctx.client.warm(&rec.ctx.url("/"), 2 * n).await;
     let sent = rec.ctx.client.burst(batch).await;
+    rec.note(format!(
+        "{first}..{last}: {} and {} each send {n} copies of their own operation with {a}, all released together → {}",
+        names[0],
+        names[1],
+        tally_sent(&sent)
+    ));
+    if stop_if_unsent(rec, &sent) {
+        return;
+    }
     let mine = |c: usize| -> Vec<&Response> {
         sent.iter()
             .skip(c)
@@ -384,12 +417,6 @@ async fn two_callers(rec: &mut Rec) {
             .collect()
     };
     let (alice, bob) = (mine(0), mine(1));
-    rec.note(format!(
-        "{first}..{last}: {} and {} each send {n} copies of their own operation with {a}, all released together → {}",
-        names[0],
-        names[1],
-        tally_sent(&sent)
-    ));
     if alice.len() + bob.len() < sent.len() {
         rec.stop(
             idem_spec::report::Verdict::Inconclusive,
@@ -399,39 +426,82 @@ async fn two_callers(rec: &mut Rec) {
     for (c, answers) in [(0usize, &alice), (1usize, &bob)] {
         let other: &Vec<&Response> = if c == 0 { &bob } else { &alice };
         let who = &names[c];
-        let leaked = answers
+        let them = &names[1 - c];
+        // A leak is proved by the other operation's marker in the answer
+        // (the markers differ), not by equal bytes alone.
+        let leaked: Vec<&Response> = answers
             .iter()
-            .filter(|r| (200..300).contains(&r.status) && other.iter().any(|o| o.same_outcome(r)))
-            .count();
+            .copied()
+            .filter(|r| {
+                (200..300).contains(&r.status)
+                    && other.iter().any(|o| o.same_payload(r))
+                    && String::from_utf8_lossy(&r.body).contains(markers[1 - c].as_str())
+            })
+            .collect();
         rec.check(
-            "idem.scope.caller",
-            leaked == 0,
+            clause!("idem.scope.caller"),
+            leaked.is_empty(),
             format!("{who}: never the other caller's response"),
-            format!("{leaked} answer(s) that are the other caller's response"),
+            format!(
+                "{} answer(s) that are the other caller's response",
+                leaked.len()
+            ),
         );
-        rec.headline(format!(
-            "{who} got {leaked} response(s) of the other caller racing with the same key"
-        ));
-        let conflicts = answers
+        if let Some(r) = leaked.first() {
+            let ids = other
+                .iter()
+                .find(|o| o.same_payload(r))
+                .map_or(String::new(), |o| rec.ctx.ids_side_by_side(r, o));
+            rec.headline(format!(
+                "{who} got {} response(s) of {them}, racing with the same key: they carry {them}'s marker {:?}{ids}",
+                leaked.len(),
+                markers[1 - c]
+            ));
+        }
+        // Refused because the other caller held or used the key: a
+        // mismatch, or an in-use refusal while no copy of this caller's own
+        // operation ran (the in-flight lock is not scoped by caller).
+        let mismatches = answers
             .iter()
             .filter(|r| rec.ctx.is(r, ErrorCode::IdempotencyKeyMismatch))
             .count();
+        let executed_own = answers.iter().any(|r| rec.ctx.executed(r, None));
+        let in_use = answers
+            .iter()
+            .filter(|r| r.status == 409 || rec.ctx.is(r, ErrorCode::IdempotencyKeyInUse))
+            .count();
         rec.check_as(
-            "idem.scope.caller",
+            clause!("idem.scope.caller"),
             Class::Semantics,
-            conflicts == 0,
+            mismatches == 0,
             format!("{who}: no mismatch caused by the other caller's use of the key"),
-            format!("{conflicts} mismatch answer(s)"),
+            format!("{mismatches} mismatch answer(s)"),
+        );
+        let blocked = !executed_own && in_use > 0;
+        rec.check_as(
+            clause!("idem.scope.caller"),
+            Class::Semantics,
+            !blocked,
+            format!(
+                "{who}: the other caller's request in flight does not block this one (its own operation runs)"
+            ),
+            if blocked {
+                format!(
+                    "none of {who}'s {n} copies ran; {in_use} refused as in flight while {them}'s request ran"
+                )
+            } else {
+                format!("{who}'s operation ran")
+            },
         );
         // When the other caller's use of the key shaped these answers, a
         // wrong effect count is that scoping failure (safety if a response
         // leaked, semantics if the caller was only refused), not a race.
-        let (clause, class) = if leaked > 0 {
-            ("idem.scope.caller", Class::Safety)
-        } else if conflicts > 0 {
-            ("idem.scope.caller", Class::Semantics)
+        let (clause, class) = if !leaked.is_empty() {
+            (clause!("idem.scope.caller"), Class::Safety)
+        } else if mismatches > 0 || blocked {
+            (clause!("idem.scope.caller"), Class::Semantics)
         } else {
-            ("idem.concurrency.single-effect", Class::Safety)
+            (clause!("idem.concurrency.single-effect"), Class::Safety)
         };
         rec.check_effects_as(
             clause,

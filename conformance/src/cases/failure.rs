@@ -9,7 +9,9 @@
 //! (`semantics`: the answer is not the stored one, the key was not
 //! released) and says what it could not.
 
+use crate::clause;
 use idem_spec::clauses::Class;
+use idem_spec::policy::FailurePolicy;
 use idem_spec::report::Verdict;
 
 use super::{check_replay, preview};
@@ -36,25 +38,28 @@ pub fn cases() -> Vec<Case> {
             id: "failure.4xx-final",
             title: "a 4xx outcome after the claim is stored and replayed",
             clauses: &[
-                "idem.failure.final-outcomes",
-                "idem.replay.verbatim",
-                "idem.replay.marker",
+                clause!("idem.failure.final-outcomes"),
+                clause!("idem.replay.verbatim"),
+                clause!("idem.replay.marker"),
             ],
             needs: &[Need::REJECTED_BODY],
             aim: Aim::Main,
             alone: shared,
-            permitted: |_| {
-                vec![
-                    "R1: a 4xx; R2: the same 4xx, byte for byte, with Idempotent-Replayed: true; with an execution probe, one handler run"
-                        .into(),
-                ]
+            permitted: |m| {
+                vec![format!(
+                    "R1: a 4xx; R2: the same 4xx, byte for byte, with {}; with an execution probe, one handler run",
+                    m.marker_spelled()
+                )]
             },
             run: |r| Box::pin(final_4xx(r)),
         },
         Case {
             id: "failure.5xx-not-stored",
             title: "a 5xx is not stored: the same key afterwards executes",
-            clauses: &["idem.failure.5xx-not-stored", "idem.claim.transactional"],
+            clauses: &[
+                clause!("idem.failure.5xx-not-stored"),
+                clause!("idem.claim.transactional"),
+            ],
             needs: &[SERVER_ERROR],
             aim: Aim::Main,
             alone: shared,
@@ -69,7 +74,7 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "failure.before-claim",
             title: "a body refused for its size is refused before the claim: the key stays free",
-            clauses: &["idem.failure.before-claim"],
+            clauses: &[clause!("idem.failure.before-claim")],
             needs: &[],
             aim: Aim::Main,
             alone: shared,
@@ -94,6 +99,12 @@ fn replayed(rec: &Rec, stored: &Response, again: &Response) -> bool {
 }
 
 async fn final_4xx(rec: &mut Rec) {
+    let declared = rec.ctx.manifest.policy.failure_policy;
+    if !declared.stores(422) {
+        rec.note(format!(
+            "the manifest declares failure_policy = {declared:?}: 4xx outcomes are not stored, which the contract requires; the case checks the contract"
+        ));
+    }
     let Some(template) = rec.ctx.endpoint().rejected_body.clone() else {
         return;
     };
@@ -129,17 +140,22 @@ async fn final_4xx(rec: &mut Rec) {
     // A final 4xx that now succeeds was executed again: the caller was told
     // "no", then the operation happened.
     rec.check(
-        "idem.failure.final-outcomes",
+        clause!("idem.failure.final-outcomes"),
         !rec.ctx.executed(&r2, Some(&r1)),
         format!("the {} is final: never executed again", r1.status),
         r2.summary(),
     );
     rec.headline(format!(
-        "a final {} executed again on retry and succeeded",
-        r1.status
+        "a final {} executed again on retry and succeeded: R1 {}, R2 {}{}",
+        r1.status,
+        r1.summary(),
+        r2.summary(),
+        rec.ctx
+            .resource_id(&r2)
+            .map_or(String::new(), |id| format!(" (created {id})"))
     ));
     rec.check_as(
-        "idem.failure.final-outcomes",
+        clause!("idem.failure.final-outcomes"),
         Class::Semantics,
         r2.same_outcome(&r1),
         format!("the {} is final: replayed", r1.status),
@@ -148,7 +164,7 @@ async fn final_4xx(rec: &mut Rec) {
     check_replay(rec, &r1, &r2, "R2");
     if rec
         .check_executions(
-            "idem.failure.final-outcomes",
+            clause!("idem.failure.final-outcomes"),
             &marker,
             1,
             &format!("a final {} retried with its key", r1.status),
@@ -163,7 +179,66 @@ async fn final_4xx(rec: &mut Rec) {
     }
 }
 
+/// Whether `r1` is the declared server error: a 5xx that is not a status
+/// the manifest lists for an unsupported route or method, nor shed load
+/// (503 with Retry-After), and, when an execution probe is declared, one
+/// the handler ran for. Otherwise the case stops inconclusive: what
+/// follows would be judged on an answer the case did not confirm.
+async fn confirm_server_error(rec: &mut Rec, r1: &Response, marker: &str, what: &str) -> bool {
+    let why = if r1.status < 500 {
+        Some("not a 5xx".to_owned())
+    } else if rec.ctx.manifest.unsupported(r1.status) {
+        Some(format!(
+            "{} is a status the manifest lists in profile.unsupported_statuses (a route or method the target does not serve), not a failure after the claim",
+            r1.status
+        ))
+    } else if r1.status == 503 && r1.header("retry-after").is_some() {
+        Some("503 with Retry-After: shed load, not a failure after the claim".to_owned())
+    } else {
+        None
+    };
+    if let Some(why) = why {
+        rec.stop(
+            Verdict::Inconclusive,
+            format!(
+                "{what} did not produce the declared server error ({}): {why}",
+                r1.summary()
+            ),
+        );
+        return false;
+    }
+    match rec.ctx.executions(marker).await {
+        Some(Ok(0)) => {
+            rec.stop(
+                Verdict::Inconclusive,
+                format!(
+                    "{what} was answered {} but hooks.execution_probe counted no handler run: the request failed before its key was claimed, so there is no stored 5xx to look for",
+                    r1.status
+                ),
+            );
+            false
+        }
+        Some(Ok(n)) => {
+            rec.note(format!(
+                "the execution probe counted {n} handler run(s): the 5xx came after the claim"
+            ));
+            true
+        }
+        Some(Err(e)) => {
+            rec.probe_failed(e);
+            false
+        }
+        None => true,
+    }
+}
+
 async fn not_stored_5xx(rec: &mut Rec) {
+    let declared = rec.ctx.manifest.policy.failure_policy;
+    if declared != FailurePolicy::FinalUnlessServerError {
+        rec.note(format!(
+            "the manifest declares failure_policy = {declared:?}, which stores what the contract does not; the case checks the contract"
+        ));
+    }
     if rec.ctx.failpoint(|f| f.server_error.as_ref()).is_some() {
         by_failpoint(rec).await;
         if rec.stopped.is_some() {
@@ -195,18 +270,11 @@ async fn by_failpoint(rec: &mut Rec) {
     else {
         return;
     };
-    if r1.status < 500 {
-        rec.stop(
-            Verdict::Inconclusive,
-            format!(
-                "the server_error failpoint did not produce a 5xx: {}",
-                r1.summary()
-            ),
-        );
+    if !confirm_server_error(rec, &r1, &marker, "the server_error failpoint").await {
         return;
     }
     rec.check_effects(
-        "idem.claim.transactional",
+        clause!("idem.claim.transactional"),
         0,
         &marker,
         &[&r1],
@@ -227,24 +295,27 @@ async fn by_failpoint(rec: &mut Rec) {
 /// execution. The 5xx replayed is safety; the key still held is semantics.
 async fn retry_after_5xx(rec: &mut Rec, r1: &Response, r2: &Response, marker: &str) {
     rec.check(
-        "idem.failure.5xx-not-stored",
+        clause!("idem.failure.5xx-not-stored"),
         !(r2.same_outcome(r1) || r2.status >= 500 && replayed(rec, r1, r2)),
         "the retry is not answered with the stored 5xx",
         r2.summary(),
     );
     rec.headline(format!(
-        "a {} was stored and replayed to the retry",
-        r1.status
+        "a {} was stored and replayed to the retry: R1 {} and the retry {}, {} bytes identical",
+        r1.status,
+        r1.summary(),
+        r2.summary(),
+        r2.body.len()
     ));
     rec.check_as(
-        "idem.failure.5xx-not-stored",
+        clause!("idem.failure.5xx-not-stored"),
         Class::Semantics,
         rec.ctx.executed(r2, None),
         "a fresh execution: the 5xx released the key",
         r2.summary(),
     );
     rec.check_effects_as(
-        "idem.failure.5xx-not-stored",
+        clause!("idem.failure.5xx-not-stored"),
         Class::Semantics,
         0,
         marker,
@@ -274,18 +345,11 @@ async fn by_body(rec: &mut Rec) {
     else {
         return;
     };
-    if r1.status < 500 {
-        rec.stop(
-            Verdict::Inconclusive,
-            format!(
-                "endpoints[0].server_error_body did not produce a 5xx: {}",
-                r1.summary()
-            ),
-        );
+    if !confirm_server_error(rec, &r1, &marker, "endpoints[0].server_error_body").await {
         return;
     }
     rec.check_effects(
-        "idem.claim.transactional",
+        clause!("idem.claim.transactional"),
         0,
         &marker,
         &[&r1],
@@ -301,22 +365,36 @@ async fn by_body(rec: &mut Rec) {
     if r2.status >= 500 {
         let marked = rec.ctx.manifest.marked(&r2) == Some(true) || r2.replayed();
         rec.check(
-            "idem.failure.5xx-not-stored",
+            clause!("idem.failure.5xx-not-stored"),
             !marked,
             "the retry's 5xx is its own, not the stored one marked as a replay",
             r2.summary(),
         );
         rec.headline(format!(
-            "a {} was stored and replayed to the retry (marked as a replay)",
-            r1.status
+            "a {} was stored and replayed to the retry: R1 {}, R2 {} (marked as a replay)",
+            r1.status,
+            r1.summary(),
+            r2.summary()
         ));
     }
+    // Fewer runs than sends is the 5xx replayed (safety) only when the
+    // retry's answer was a 5xx; a retry refused with a 4xx was not
+    // executed because the key stayed taken, which is semantics.
+    let class = if r2.status >= 500 {
+        Class::Safety
+    } else {
+        Class::Semantics
+    };
     match rec
-        .check_executions(
-            "idem.failure.5xx-not-stored",
+        .check_executions_as(
+            clause!("idem.failure.5xx-not-stored"),
+            class,
             &marker,
             2,
-            "a request that failed with a 5xx, retried with its key",
+            &format!(
+                "a request that failed with a {}, retried with its key and answered {}",
+                r1.status, r2.status
+            ),
         )
         .await
     {
@@ -342,6 +420,9 @@ async fn by_body(rec: &mut Rec) {
     };
     retry_after_5xx(rec, &r1, &r3, &marker3).await;
 }
+
+/// How long R1 waits for the early refusal.
+const EARLY_ANSWER: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The `Content-Length` R1 declares: far over any reasonable body limit.
 const DECLARED_LENGTH: usize = 64 << 20;
@@ -387,7 +468,9 @@ async fn send_declared_oversize(req: &crate::http::Request) -> Result<u16, Strin
     head.extend_from_slice(b"\r\n");
     // A first slice of the body: whitespace, as a JSON body may start with.
     head.extend_from_slice(&[b' '; 1024]);
-    let bound = std::time::Duration::from_secs(10);
+    // A target that refuses by declared length answers at once; one that
+    // waits for the body never will, so a long wait only costs time.
+    let bound = EARLY_ANSWER;
     let io = async {
         let mut sock = tokio::net::TcpStream::connect((host.as_str(), port))
             .await
@@ -420,8 +503,8 @@ async fn send_declared_oversize(req: &crate::http::Request) -> Result<u16, Strin
     match tokio::time::timeout(bound, io).await {
         Ok(r) => r,
         Err(_) => Err(format!(
-            "no answer within {} s: the target waits for the declared body",
-            bound.as_secs()
+            "no answer within {} ms: the target waits for the declared body (it does not refuse by declared length)",
+            bound.as_millis()
         )),
     }
 }
@@ -476,7 +559,7 @@ async fn before_claim(rec: &mut Rec) {
         return;
     };
     rec.check(
-        "idem.failure.before-claim",
+        clause!("idem.failure.before-claim"),
         rec.ctx.executed(&r2, None),
         format!(
             "a fresh execution: the {status} was decided before the claim and the key stayed free"
@@ -484,7 +567,7 @@ async fn before_claim(rec: &mut Rec) {
         r2.summary(),
     );
     rec.check_effects(
-        "idem.failure.before-claim",
+        clause!("idem.failure.before-claim"),
         0,
         &marker,
         &[&r2],
@@ -492,4 +575,55 @@ async fn before_claim(rec: &mut Rec) {
         "only the plain attempt executed",
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn rec() -> Rec {
+        let m = crate::manifest::parse(crate::manifest::TEMPLATE, "t")
+            .expect("template")
+            .manifest;
+        let client = crate::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
+            .expect("client");
+        Rec::new(Arc::new(crate::case::Ctx::new(m, client, "run".into(), 1)))
+    }
+
+    fn resp(status: u16, retry_after: bool) -> Response {
+        Response {
+            status,
+            headers: if retry_after {
+                vec![("retry-after".into(), "1".into())]
+            } else {
+                vec![]
+            },
+            body: b"{}".to_vec(),
+        }
+    }
+
+    // The rule: the 5xx case judges only an answer it confirmed to be the
+    // declared server error.
+    #[tokio::test]
+    async fn only_a_confirmed_server_error_is_judged() {
+        for (status, retry_after, confirmed) in [
+            (500, false, true),
+            (502, false, true),
+            (501, false, false), // listed in profile.unsupported_statuses
+            (503, true, false),  // shed load
+            (422, false, false),
+        ] {
+            let mut r = rec();
+            let ok =
+                confirm_server_error(&mut r, &resp(status, retry_after), "m", "the body").await;
+            assert_eq!(ok, confirmed, "{status}");
+            assert_eq!(
+                r.stopped.as_ref().map(|(v, _)| *v),
+                (!confirmed).then_some(Verdict::Inconclusive),
+                "{status}"
+            );
+            assert!(r.checks.is_empty(), "no verdict from an unconfirmed answer");
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! The in-flight family: a duplicate of a running request is refused with
 //! 409 in-use and Retry-After, or held and replayed under `Prefer: wait`.
 
+use crate::clause;
 use std::time::Duration;
 
 use idem_spec::ErrorCode;
@@ -21,19 +22,26 @@ pub fn cases() -> Vec<Case> {
             id: "inflight.conflict",
             title: "a duplicate of a request held in flight gets 409 in use with Retry-After",
             clauses: &[
-                "idem.inflight.conflict",
-                "idem.inflight.retry-after",
-                "idem.state.three-states",
-                "idem.errors.profiles",
+                clause!("idem.inflight.conflict"),
+                clause!("idem.inflight.retry-after"),
+                clause!("idem.state.three-states"),
+                clause!("idem.errors.profiles"),
             ],
             needs: &[Need::PAUSE],
             aim: Aim::Main,
             alone,
             permitted: |m| {
-                vec![format!(
-                    "the duplicate: refused ({} as declared) with Retry-After, not executed",
-                    m.spelled(ErrorCode::IdempotencyKeyInUse)
-                )]
+                if m.never_refuses_in_flight() {
+                    vec![format!(
+                        "the duplicate: not executed (policy.in_flight = {:?}: held until the original finishes and replayed, or refused)",
+                        m.policy.in_flight
+                    )]
+                } else {
+                    vec![format!(
+                        "the duplicate: refused ({} as declared) with Retry-After, not executed",
+                        m.spelled(ErrorCode::IdempotencyKeyInUse)
+                    )]
+                }
             },
             run: |r| Box::pin(conflict(r)),
         },
@@ -41,8 +49,8 @@ pub fn cases() -> Vec<Case> {
             id: "inflight.prefer-wait",
             title: "with Prefer: wait, concurrent duplicates are held and replayed",
             clauses: &[
-                "idem.inflight.prefer-wait",
-                "idem.concurrency.single-effect",
+                clause!("idem.inflight.prefer-wait"),
+                clause!("idem.concurrency.single-effect"),
             ],
             needs: &[Need::PREFER_WAIT],
             aim: Aim::Main,
@@ -151,7 +159,10 @@ async fn conflict(rec: &mut Rec) {
             ));
             continue;
         }
-        if d.status != 409 && !(200..300).contains(&d.status) {
+        if d.status != 409
+            && !(200..300).contains(&d.status)
+            && !rec.ctx.manifest.never_refuses_in_flight()
+        {
             rec.stop(
                 Verdict::Inconclusive,
                 format!(
@@ -165,14 +176,42 @@ async fn conflict(rec: &mut Rec) {
         // Retry-After: interop.
         let refused = (400..500).contains(&d.status);
         rec.check(
-            "idem.inflight.conflict",
+            clause!("idem.inflight.conflict"),
             !rec.ctx.executed(&d, first.as_ref()),
             "the duplicate is not executed while the original is in flight",
             d.summary(),
         );
-        rec.headline("a duplicate sent while the original was held in flight was executed");
+        rec.headline(format!(
+            "a duplicate sent while the original was held in flight was executed: {}",
+            d.summary()
+        ));
+        if rec.ctx.manifest.never_refuses_in_flight() {
+            // Declared: duplicates are held (or refused in the target's own
+            // way). Only "not executed" is the contract's here, plus, for a
+            // held duplicate, that it got the original's answer.
+            if !refused && let Some(f) = first.as_ref() {
+                rec.check_as(
+                    clause!("idem.inflight.conflict"),
+                    Class::Semantics,
+                    d.same_outcome(f),
+                    "a held duplicate is answered with the original's response",
+                    d.summary(),
+                );
+            }
+            let seen: Vec<&Response> = first.iter().chain(std::iter::once(&d)).collect();
+            rec.check_effects(
+                clause!("idem.inflight.conflict"),
+                0,
+                &marker,
+                &seen,
+                1,
+                "a duplicate sent while the original was held in flight",
+            )
+            .await;
+            return;
+        }
         rec.check_as(
-            "idem.inflight.conflict",
+            clause!("idem.inflight.conflict"),
             Class::Semantics,
             refused,
             format!(
@@ -184,21 +223,21 @@ async fn conflict(rec: &mut Rec) {
         if refused {
             check_spelling(rec, &d, ErrorCode::IdempotencyKeyInUse, "the duplicate");
             rec.check(
-                "idem.inflight.retry-after",
+                clause!("idem.inflight.retry-after"),
                 d.header("retry-after").is_some(),
                 "Retry-After present",
                 d.summary(),
             );
         }
         rec.check(
-            "idem.state.three-states",
+            clause!("idem.state.three-states"),
             refused && !d.replayed(),
             "in flight is neither absent (execute) nor complete (replay)",
             d.summary(),
         );
         let seen: Vec<&Response> = first.iter().chain(std::iter::once(&d)).collect();
         rec.check_effects(
-            "idem.inflight.conflict",
+            clause!("idem.inflight.conflict"),
             0,
             &marker,
             &seen,
@@ -222,16 +261,19 @@ async fn prefer_wait(rec: &mut Rec) {
         .header(PREFER, "wait=5");
     let name = rec.ctx.name(0).to_owned();
     let sent = round(rec, &req, n, &format!("{name}, key {a}, Prefer: wait=5")).await;
+    if rec.harness_stopped() {
+        return;
+    }
     let o = classify(&rec.ctx, &sent);
     rec.check(
-        "idem.inflight.prefer-wait",
+        clause!("idem.inflight.prefer-wait"),
         o.executed == 1 && o.refused() == 0 && o.other.is_empty(),
         "duplicates held until the original finished, then replayed",
         o.describe(),
     );
     let responses: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
     rec.check_effects(
-        "idem.concurrency.single-effect",
+        clause!("idem.concurrency.single-effect"),
         0,
         &marker,
         &responses,

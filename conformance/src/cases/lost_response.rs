@@ -1,10 +1,12 @@
 //! The lost-response case: the target commits, the response is lost on the
 //! way back, the client retries with the same key.
 
+use crate::clause;
 use std::time::Duration;
 
 use super::check_marked;
 use crate::case::{Aim, Case, HOLD, Rec, shared};
+use crate::manifest::ManifestExt;
 use crate::proxy::DropProxy;
 use idem_spec::report::Verdict;
 
@@ -14,15 +16,18 @@ pub fn cases() -> Vec<Case> {
         id: "lost.response-dropped",
         title: "a retry after a lost response gets the committed outcome, not a second execution",
         clauses: &[
-            "idem.replay.no-reexecution",
-            "idem.replay.marker",
-            "idem.state.three-states",
+            clause!("idem.replay.no-reexecution"),
+            clause!("idem.replay.marker"),
+            clause!("idem.state.three-states"),
         ],
         needs: &[],
         aim: Aim::Main,
         alone: shared,
-        permitted: |_| {
-            vec!["R1 through the dropping proxy: no answer (the target answered 2xx); R2 directly, same key: a replay with Idempotent-Replayed: true; one effect".into()]
+        permitted: |m| {
+            vec![format!(
+                "R1 through the dropping proxy: no answer (the target answered 2xx); R2 directly, same key: a replay with {}; one effect",
+                m.marker_spelled()
+            )]
         },
         run: |r| Box::pin(dropped(r)),
     }]
@@ -84,7 +89,7 @@ async fn dropped(rec: &mut Rec) {
         return;
     };
     rec.check(
-        "idem.state.three-states",
+        clause!("idem.state.three-states"),
         (200..300).contains(&r2.status),
         "the committed outcome (2xx)",
         r2.summary(),
@@ -93,7 +98,7 @@ async fn dropped(rec: &mut Rec) {
         check_marked(rec, &r2, "the retry's replay");
     }
     rec.check_effects(
-        "idem.replay.no-reexecution",
+        clause!("idem.replay.no-reexecution"),
         0,
         &marker,
         &[&r2],
@@ -102,7 +107,7 @@ async fn dropped(rec: &mut Rec) {
     )
     .await;
     rec.check_executions(
-        "idem.replay.no-reexecution",
+        clause!("idem.replay.no-reexecution"),
         &marker,
         1,
         "a retry after a lost response",

@@ -7,6 +7,7 @@
 //! (the mismatch was not detected, but each request ran once); a refusal in
 //! another spelling is `interop`.
 
+use crate::clause;
 use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 
@@ -22,10 +23,10 @@ pub fn cases() -> Vec<Case> {
             id: "mismatch.body",
             title: "the same key with a different body is a mismatch",
             clauses: &[
-                "idem.fingerprint.mismatch",
-                "idem.fingerprint.inputs",
-                "idem.errors.problem-json",
-                "idem.errors.profiles",
+                clause!("idem.fingerprint.mismatch"),
+                clause!("idem.fingerprint.inputs"),
+                clause!("idem.errors.problem-json"),
+                clause!("idem.errors.profiles"),
             ],
             needs: &[],
             aim: Aim::Main,
@@ -41,7 +42,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "mismatch.path",
             title: "the same key on a different path (query) is a mismatch",
-            clauses: &["idem.fingerprint.inputs", "idem.fingerprint.mismatch"],
+            clauses: &[
+                clause!("idem.fingerprint.inputs"),
+                clause!("idem.fingerprint.mismatch"),
+            ],
             needs: &[],
             aim: Aim::Main,
             alone: shared,
@@ -56,7 +60,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "mismatch.method",
             title: "the same key with a different method is never a replay",
-            clauses: &["idem.fingerprint.inputs", "idem.fingerprint.mismatch"],
+            clauses: &[
+                clause!("idem.fingerprint.inputs"),
+                clause!("idem.fingerprint.mismatch"),
+            ],
             needs: &[],
             aim: Aim::Main,
             alone: shared,
@@ -102,17 +109,20 @@ fn answer(rec: &Rec, first: &Response, r: &Response) -> Answer {
 fn judge(rec: &mut Rec, first: &Response, r: &Response, what: &str) -> Answer {
     let a = answer(rec, first, r);
     rec.check(
-        "idem.fingerprint.mismatch",
+        clause!("idem.fingerprint.mismatch"),
         !matches!(a, Answer::Replayed),
         format!("{what}: not answered with R1's stored response"),
         r.summary(),
     );
     rec.headline(format!(
-        "{what} under a used key got the first request's stored response"
+        "{what} under a used key got the first request's stored response: {} (R1 was {}){}",
+        r.summary(),
+        first.summary(),
+        rec.ctx.ids_beside(r, first, "R1's")
     ));
     if !matches!(a, Answer::Replayed) {
         rec.check_as(
-            "idem.fingerprint.mismatch",
+            clause!("idem.fingerprint.mismatch"),
             Class::Semantics,
             matches!(a, Answer::Refused),
             format!("{what}: refused with a 4xx, not executed"),
@@ -159,13 +169,13 @@ async fn body(rec: &mut Rec) {
         );
     }
     rec.check(
-        "idem.fingerprint.inputs",
+        clause!("idem.fingerprint.inputs"),
         !matches!(kind, Answer::Replayed),
         "a different body is a different request",
         r2.summary(),
     );
     rec.check_effects_as(
-        "idem.fingerprint.mismatch",
+        clause!("idem.fingerprint.mismatch"),
         Class::Semantics,
         0,
         &marker,
@@ -195,9 +205,35 @@ async fn path(rec: &mut Rec) {
     else {
         return;
     };
+    if !rec.ctx.manifest.policy.fingerprint.query {
+        // Declared: the query is not part of the fingerprint, so to the
+        // target R2 is R1 again. A replay is the declared behaviour, a
+        // spelling of what a request is (interop), never a leak of another
+        // request's outcome.
+        let kind = answer(rec, &first, &r2);
+        rec.note("policy.fingerprint.query = false: the manifest declares the query outside the fingerprint");
+        rec.check_as(
+            clause!("idem.fingerprint.inputs"),
+            Class::Interop,
+            matches!(kind, Answer::Refused),
+            "the query is part of the fingerprint: a refused mismatch (the manifest declares it is not)",
+            r2.summary(),
+        );
+        rec.check_effects_as(
+            clause!("idem.fingerprint.mismatch"),
+            Class::Semantics,
+            0,
+            &marker,
+            &[&first, &r2],
+            1,
+            "the same operation with another query is not executed again",
+        )
+        .await;
+        return;
+    }
     let kind = judge(rec, &first, &r2, "another path");
     rec.check(
-        "idem.fingerprint.inputs",
+        clause!("idem.fingerprint.inputs"),
         matches!(kind, Answer::Refused),
         "the query is part of the fingerprint: a refused mismatch",
         r2.summary(),
@@ -206,7 +242,7 @@ async fn path(rec: &mut Rec) {
         check_spelling(rec, &r2, ErrorCode::IdempotencyKeyMismatch, "another path");
     }
     rec.check_effects_as(
-        "idem.fingerprint.mismatch",
+        clause!("idem.fingerprint.mismatch"),
         Class::Semantics,
         0,
         &marker,
@@ -241,16 +277,22 @@ async fn method(rec: &mut Rec) {
     };
     let kind = answer(rec, &first, &r2);
     rec.check(
-        "idem.fingerprint.mismatch",
+        clause!("idem.fingerprint.mismatch"),
         !matches!(kind, Answer::Replayed),
         "another method: not answered with R1's stored response",
         r2.summary(),
     );
-    rec.headline("another method under a used key got the first request's stored response");
+    rec.headline(format!(
+        "another method ({}) under a used key got the first request's stored response: {} (R1 was {}){}",
+        req2.method,
+        r2.summary(),
+        first.summary(),
+        rec.ctx.ids_beside(&r2, &first, "R1's")
+    ));
     let m = rec.ctx.manifest.clone();
     let unsupported = m.unsupported(r2.status);
     rec.check(
-        "idem.fingerprint.inputs",
+        clause!("idem.fingerprint.inputs"),
         matches!(kind, Answer::Refused | Answer::Other)
             && (unsupported || (400..500).contains(&r2.status)),
         "another method is another request: refused",
@@ -265,7 +307,7 @@ async fn method(rec: &mut Rec) {
         );
     }
     rec.check_effects(
-        "idem.fingerprint.inputs",
+        clause!("idem.fingerprint.inputs"),
         0,
         &marker,
         &[&first, &r2],

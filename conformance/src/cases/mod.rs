@@ -1,6 +1,7 @@
 //! Every case, grouped by clause family: one module per family, each
 //! exporting `cases()` with the same small shape ([`crate::case::Case`]).
 
+use crate::clause;
 use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 use idem_spec::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
@@ -80,7 +81,7 @@ pub fn problem_shape(r: &Response) -> Result<(), String> {
 /// refused.
 pub fn check_refusal(
     rec: &mut Rec,
-    clause: &'static str,
+    clause: crate::clause::ClauseId,
     class: Class,
     r: &Response,
     code: ErrorCode,
@@ -110,14 +111,14 @@ pub fn check_spelling(rec: &mut Rec, r: &Response, code: ErrorCode, what: &str) 
     let want = m.spelled(code);
     let profile = m.profile_name();
     rec.check(
-        "idem.errors.profiles",
+        clause!("idem.errors.profiles"),
         ok,
         format!("{what}: {want} (profile {profile})"),
         format!("{what}: {}", r.summary()),
     );
     let shape = problem_shape(r);
     rec.check(
-        "idem.errors.problem-json",
+        clause!("idem.errors.problem-json"),
         shape.is_ok(),
         "application/problem+json with type, title, status, detail, code, retryable",
         shape
@@ -162,7 +163,7 @@ pub async fn fresh(
 pub fn check_unmarked(rec: &mut Rec, r: &Response, what: &str) {
     let declared = rec.ctx.manifest.marked(r) == Some(true);
     rec.check(
-        "idem.replay.marker",
+        clause!("idem.replay.marker"),
         !r.replayed() && !declared,
         format!("{what} without {IDEMPOTENT_REPLAYED}"),
         format!("{what}: {}", r.summary()),
@@ -187,7 +188,7 @@ pub fn check_marked(rec: &mut Rec, r: &Response, what: &str) {
         Some(_) => r.summary(),
     };
     rec.check(
-        "idem.replay.marker",
+        clause!("idem.replay.marker"),
         r.replayed(),
         format!("{what}: {IDEMPOTENT_REPLAYED}: true"),
         observed,
@@ -222,7 +223,7 @@ pub fn check_replay(rec: &mut Rec, first: &Response, again: &Response, what: &st
         }
     }
     rec.check(
-        "idem.replay.verbatim",
+        clause!("idem.replay.verbatim"),
         diffs.is_empty(),
         format!("{what}: the stored status, body and headers, byte for byte"),
         if diffs.is_empty() {

@@ -2,6 +2,7 @@
 //! cooperation (failpoint and restart hooks); without them each case is
 //! reported unsupported, never passed.
 
+use crate::clause;
 use std::time::Duration;
 
 use idem_spec::report::Verdict;
@@ -17,10 +18,10 @@ pub fn cases() -> Vec<Case> {
             id: "recovery.crash-restart",
             title: "a crash after commit, then a restart: the retry gets the committed outcome, one effect",
             clauses: &[
-                "idem.claim.transactional",
-                "idem.multistep.phases",
-                "idem.multistep.resume",
-                "idem.multistep.foreign-key",
+                clause!("idem.claim.transactional"),
+                clause!("idem.multistep.phases"),
+                clause!("idem.multistep.resume"),
+                clause!("idem.multistep.foreign-key"),
             ],
             needs: &[Need::CRASH_RESTART],
             aim: Aim::Recovery,
@@ -36,7 +37,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "recovery.lease-takeover",
             title: "a request paused past its lease is taken over, and the paused writer cannot commit",
-            clauses: &["idem.lease.takeover", "idem.lease.fencing"],
+            clauses: &[
+                clause!("idem.lease.takeover"),
+                clause!("idem.lease.fencing"),
+            ],
             needs: &[Need::LEASE_PAUSE],
             aim: Aim::Recovery,
             alone,
@@ -56,14 +60,14 @@ async fn crash_restart(rec: &mut Rec) {
         return;
     };
     rec.check(
-        "idem.multistep.resume",
+        clause!("idem.multistep.resume"),
         (200..300).contains(&r2.status),
         "the committed outcome (2xx)",
         r2.summary(),
     );
     let n = rec
         .check_effects(
-            "idem.claim.transactional",
+            clause!("idem.claim.transactional"),
             0,
             &marker,
             &[&r2],
@@ -95,7 +99,7 @@ async fn crash_restart(rec: &mut Rec) {
         return;
     };
     rec.check(
-        "idem.multistep.resume",
+        clause!("idem.multistep.resume"),
         (200..300).contains(&r3.status),
         "the resumed outcome (2xx) after a crash between the foreign call and its commit",
         r3.summary(),
@@ -122,13 +126,13 @@ async fn crash_restart(rec: &mut Rec) {
         ));
     }
     rec.check(
-        "idem.multistep.foreign-key",
+        clause!("idem.multistep.foreign-key"),
         n == 1,
         "exactly 1 foreign effect: the repeated call reuses the derived key",
         format!("{n} foreign effect(s)"),
     );
     rec.check(
-        "idem.multistep.phases",
+        clause!("idem.multistep.phases"),
         n == 1 && (200..300).contains(&r3.status),
         "the retry resumes from the committed phase: 2xx and exactly 1 foreign effect",
         format!("{}; {n} foreign effect(s)", r3.summary()),
@@ -348,7 +352,7 @@ async fn takeover(rec: &mut Rec) {
         }
         let Some(r2) = r2 else { return };
         rec.check(
-            "idem.lease.takeover",
+            clause!("idem.lease.takeover"),
             (200..300).contains(&r2.status),
             "the retry takes the key over and completes",
             r2.summary(),
@@ -360,7 +364,7 @@ async fn takeover(rec: &mut Rec) {
         };
         let seen: Vec<&Response> = first.iter().chain(std::iter::once(&r2)).collect();
         rec.check_effects(
-            "idem.lease.fencing",
+            clause!("idem.lease.fencing"),
             0,
             &marker,
             &seen,

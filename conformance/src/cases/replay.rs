@@ -1,10 +1,12 @@
 //! The replay family: a duplicate of a completed request gets the stored
 //! response byte for byte, with the marker, and causes nothing.
 
+use crate::clause;
 use idem_spec::clauses::Class;
 
 use super::{check_marked, check_replay, fresh};
 use crate::case::{Aim, Case, Rec, shared};
+use crate::manifest::ManifestExt;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -13,17 +15,20 @@ pub fn cases() -> Vec<Case> {
             id: "replay.verbatim",
             title: "a duplicate of a completed request is replayed byte for byte, with the marker, without re-executing",
             clauses: &[
-                "idem.replay.verbatim",
-                "idem.replay.marker",
-                "idem.replay.no-reexecution",
-                "idem.state.three-states",
-                "idem.failure.final-outcomes",
+                clause!("idem.replay.verbatim"),
+                clause!("idem.replay.marker"),
+                clause!("idem.replay.no-reexecution"),
+                clause!("idem.state.three-states"),
+                clause!("idem.failure.final-outcomes"),
             ],
             needs: &[],
             aim: Aim::Main,
             alone: shared,
-            permitted: |_| {
-                vec!["R1: a 2xx without Idempotent-Replayed; R2, R3: the same status, body and headers with Idempotent-Replayed: true; one side effect".into()]
+            permitted: |m| {
+                vec![format!(
+                    "R1: a 2xx without a replay marker; R2, R3: the same status, body and headers with {}; one side effect",
+                    m.marker_spelled()
+                )]
             },
             run: |r| Box::pin(verbatim(r)),
         },
@@ -31,8 +36,8 @@ pub fn cases() -> Vec<Case> {
             id: "replay.canonical-json",
             title: "key order and whitespace do not make a retry a different request",
             clauses: &[
-                "idem.fingerprint.canonical-json",
-                "idem.replay.no-reexecution",
+                clause!("idem.fingerprint.canonical-json"),
+                clause!("idem.replay.no-reexecution"),
             ],
             needs: &[],
             aim: Aim::Main,
@@ -60,7 +65,7 @@ async fn verbatim(rec: &mut Rec) {
     };
     check_replay(rec, &first, &r2, "R2");
     rec.check(
-        "idem.state.three-states",
+        clause!("idem.state.three-states"),
         r2.same_outcome(&first),
         "complete key: the stored response",
         r2.summary(),
@@ -68,7 +73,7 @@ async fn verbatim(rec: &mut Rec) {
     // A final outcome not replayed is a semantics finding; executed again
     // (the probes below) it is a safety one.
     rec.check_as(
-        "idem.failure.final-outcomes",
+        clause!("idem.failure.final-outcomes"),
         Class::Semantics,
         r2.same_outcome(&first),
         format!("the 2xx outcome ({}) is stored and replayed", first.status),
@@ -82,7 +87,7 @@ async fn verbatim(rec: &mut Rec) {
     };
     check_replay(rec, &first, &r3, "R3");
     rec.check_effects(
-        "idem.replay.no-reexecution",
+        clause!("idem.replay.no-reexecution"),
         0,
         &marker,
         &[&first, &r2, &r3],
@@ -91,7 +96,7 @@ async fn verbatim(rec: &mut Rec) {
     )
     .await;
     rec.check_executions(
-        "idem.replay.no-reexecution",
+        clause!("idem.replay.no-reexecution"),
         &marker,
         1,
         "R2 and R3 are replays",
@@ -144,7 +149,7 @@ async fn canonical(rec: &mut Rec) {
         return;
     };
     rec.check(
-        "idem.fingerprint.canonical-json",
+        clause!("idem.fingerprint.canonical-json"),
         r2.same_outcome(&first),
         "a replay of R1 (the same JSON value)",
         r2.summary(),
@@ -153,7 +158,7 @@ async fn canonical(rec: &mut Rec) {
         check_marked(rec, &r2, "the replay");
     }
     rec.check_effects(
-        "idem.replay.no-reexecution",
+        clause!("idem.replay.no-reexecution"),
         0,
         &marker,
         &[&first, &r2],

@@ -7,6 +7,7 @@
 //! failure of the same clause. A broken replay of a caller's own request is
 //! the replay's finding, not scope's.
 
+use crate::clause;
 use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 
@@ -19,7 +20,10 @@ pub fn cases() -> Vec<Case> {
     vec![Case {
         id: "scope.other-caller",
         title: "the same key from another caller executes independently and never replays the first caller's response",
-        clauses: &["idem.scope.caller", "idem.replay.verbatim"],
+        clauses: &[
+            clause!("idem.scope.caller"),
+            clause!("idem.replay.verbatim"),
+        ],
         needs: &[],
         aim: Aim::Main,
         alone: shared,
@@ -38,16 +42,21 @@ pub fn cases() -> Vec<Case> {
     }]
 }
 
-/// [`crate::case::Ctx::is_leak`], stopping the case when the probe cannot tell.
+/// [`crate::case::Ctx::is_leak`], stopping the case when the probe cannot
+/// tell: `Some(None)` no leak, `Some(Some(proof))` a leak and what proves it.
 async fn leaked(
     rec: &mut Rec,
     caller: usize,
     marker: &str,
     before: u64,
     r: &Response,
-    other: &Response,
-) -> Option<bool> {
-    match rec.ctx.is_leak(caller, marker, before, r, other).await {
+    other: (&Response, &str),
+) -> Option<Option<String>> {
+    match rec
+        .ctx
+        .is_leak(caller, marker, before, r, other.0, Some(other.1))
+        .await
+    {
         Ok(l) => Some(l),
         Err(e) => {
             rec.probe_failed(e);
@@ -73,25 +82,27 @@ async fn other_caller(rec: &mut Rec) {
     else {
         return;
     };
-    let Some(leak) = leaked(rec, 1, &bob_marker, 0, &b1, &alice_first).await else {
+    let Some(proof) = leaked(rec, 1, &bob_marker, 0, &b1, (&alice_first, &alice_marker)).await
+    else {
         return;
     };
+    let leak = proof.is_some();
     rec.check(
-        "idem.scope.caller",
+        clause!("idem.scope.caller"),
         !leak,
         format!("never {alice}'s stored response"),
-        if leak {
-            format!("{}: {alice}'s response body", b1.summary())
-        } else {
-            b1.summary()
+        match &proof {
+            Some(p) => format!("{}: {alice}'s response ({p})", b1.summary()),
+            None => b1.summary(),
         },
     );
     rec.headline(format!(
-        "{bob}, sending {alice}'s key, got {alice}'s stored response"
+        "{bob}, sending {alice}'s key with his own operation, got {alice}'s stored response: {}",
+        proof.as_deref().unwrap_or("")
     ));
     if !leak {
         rec.check_as(
-            "idem.scope.caller",
+            clause!("idem.scope.caller"),
             Class::Semantics,
             rec.ctx.executed(&b1, Some(&alice_first)),
             format!(
@@ -101,7 +112,7 @@ async fn other_caller(rec: &mut Rec) {
         );
     }
     rec.check_effects_as(
-        "idem.scope.caller",
+        clause!("idem.scope.caller"),
         Class::Semantics,
         1,
         &bob_marker,
@@ -111,7 +122,7 @@ async fn other_caller(rec: &mut Rec) {
     )
     .await;
     rec.check_effects_as(
-        "idem.scope.caller",
+        clause!("idem.scope.caller"),
         Class::Semantics,
         0,
         &alice_marker,
@@ -129,15 +140,20 @@ async fn other_caller(rec: &mut Rec) {
     };
     // Her operation executed already: bob's bytes, where they differ from
     // hers, are his.
-    let leak =
-        (200..300).contains(&a2.status) && a2.same_outcome(&b1) && !b1.same_outcome(&alice_first);
+    let leak = (200..300).contains(&a2.status)
+        && a2.same_payload(&b1)
+        && !b1.same_payload(&alice_first)
+        && String::from_utf8_lossy(&a2.body).contains(bob_marker.as_str());
     rec.check(
-        "idem.scope.caller",
+        clause!("idem.scope.caller"),
         !leak,
         format!("never {bob}'s response"),
         a2.summary(),
     );
-    rec.headline(format!("{alice}'s retry got {bob}'s response"));
+    rec.headline(format!(
+        "{alice}'s retry got {bob}'s response: it carries {bob}'s marker {bob_marker:?}{}",
+        rec.ctx.ids_side_by_side(&a2, &alice_first)
+    ));
     if !leak {
         check_replay(rec, &alice_first, &a2, &format!("{alice}'s own replay"));
     }
@@ -179,21 +195,33 @@ async fn other_caller(rec: &mut Rec) {
     else {
         return;
     };
-    let Some(leak) = leaked(rec, 1, &alice2_marker, before, &b2, &alice2_first).await else {
+    // Bob's copy carries alice's marker, so only the probe (or a resource
+    // id) can prove a leak here.
+    let Some(proof) = leaked(
+        rec,
+        1,
+        &alice2_marker,
+        before,
+        &b2,
+        (&alice2_first, &alice2_marker),
+    )
+    .await
+    else {
         return;
     };
+    let leak = proof.is_some();
     rec.check(
-        "idem.scope.caller",
+        clause!("idem.scope.caller"),
         !leak,
         format!("{bob}'s own answer: not a replay of {alice}'s"),
-        if leak {
-            format!("{}: {alice}'s response, byte for byte", b2.summary())
-        } else {
-            b2.summary()
+        match &proof {
+            Some(p) => format!("{}: {alice}'s response ({p})", b2.summary()),
+            None => b2.summary(),
         },
     );
     rec.headline(format!(
-        "{bob}, sending {alice}'s exact request with that key, got the stored response"
+        "{bob}, sending {alice}'s exact request with that key, got the stored response: {}",
+        proof.as_deref().unwrap_or("")
     ));
     if !leak {
         // Bob may be refused for his own reasons (the accounts in alice's
@@ -201,7 +229,7 @@ async fn other_caller(rec: &mut Rec) {
         let conflict = rec.ctx.is(&b2, ErrorCode::IdempotencyKeyMismatch)
             || rec.ctx.is(&b2, ErrorCode::IdempotencyKeyInUse);
         rec.check_as(
-            "idem.scope.caller",
+            clause!("idem.scope.caller"),
             Class::Semantics,
             !conflict,
             format!("{bob}'s own answer, not a key conflict caused by {alice}"),

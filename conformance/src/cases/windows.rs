@@ -5,6 +5,7 @@
 use super::recovery::crash_then_retry;
 use super::{check_marked, check_replay, fresh};
 use crate::case::{Aim, Case, Need, Rec, alone, shared};
+use crate::clause;
 
 use idem_spec::report::Verdict;
 
@@ -17,7 +18,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "windows.published",
             title: "the OpenAPI document publishes the replay window and retention",
-            clauses: &["idem.window.published", "idem.window.retention"],
+            clauses: &[
+                clause!("idem.window.published"),
+                clause!("idem.window.retention"),
+            ],
             needs: &[Need::OPENAPI],
             aim: Aim::Main,
             alone: shared,
@@ -32,7 +36,10 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "windows.replay-within",
             title: "a duplicate just inside the replay window is replayed",
-            clauses: &["idem.window.replay", "idem.replay.verbatim"],
+            clauses: &[
+                clause!("idem.window.replay"),
+                clause!("idem.replay.verbatim"),
+            ],
             needs: &[Need::CLOCK],
             aim: Aim::Main,
             alone,
@@ -48,7 +55,7 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "windows.expiry",
             title: "a key reused after the replay window is a brand-new request",
-            clauses: &["idem.window.expiry"],
+            clauses: &[clause!("idem.window.expiry")],
             needs: &[Need::CLOCK],
             aim: Aim::Main,
             alone,
@@ -63,7 +70,7 @@ pub fn cases() -> Vec<Case> {
         Case {
             id: "windows.progress",
             title: "a request with committed progress is resumed after the replay window, never replaced",
-            clauses: &["idem.window.progress"],
+            clauses: &[clause!("idem.window.progress")],
             needs: &[Need::FOREIGN_CRASH, Need::CLOCK],
             aim: Aim::Recovery,
             alone,
@@ -87,14 +94,14 @@ async fn progress(rec: &mut Rec) {
         return;
     };
     rec.check_as(
-        "idem.window.progress",
+        clause!("idem.window.progress"),
         idem_spec::clauses::Class::Semantics,
         (200..300).contains(&r2.status),
         "the request with committed progress is resumed and completes (2xx)",
         r2.summary(),
     );
     rec.check_effects(
-        "idem.window.progress",
+        clause!("idem.window.progress"),
         0,
         &marker,
         &[&r2],
@@ -112,7 +119,7 @@ async fn progress(rec: &mut Rec) {
                     "the foreign probe counted {n} effect(s) for marker {marker:?}"
                 ));
                 rec.check(
-                    "idem.window.progress",
+                    clause!("idem.window.progress"),
                     n == 1,
                     "exactly 1 foreign effect: the resumed request did not start over",
                     format!("{n} foreign effect(s)"),
@@ -142,12 +149,17 @@ async fn progress(rec: &mut Rec) {
     // A fresh execution here replaced the finished request (safety); any
     // other answer that is not R2's is a broken replay (semantics).
     rec.check(
-        "idem.window.progress",
+        clause!("idem.window.progress"),
         !rec.ctx.executed(&r3, Some(&r2)),
         "once finished, the key is not replaced by a new request",
         r3.summary(),
     );
-    rec.headline("a finished request with committed progress was executed again past its window");
+    rec.headline(format!(
+        "a finished request with committed progress was executed again past its window: R2 {}, R3 {}{}",
+        r2.summary(),
+        r3.summary(),
+        rec.ctx.ids_beside(&r3, &r2, "R2's")
+    ));
     check_replay(rec, &r2, &r3, "R3");
 }
 
@@ -173,7 +185,7 @@ async fn within(rec: &mut Rec) {
         return;
     };
     rec.check(
-        "idem.window.replay",
+        clause!("idem.window.replay"),
         r2.same_outcome(&first),
         "inside the window: a replay",
         r2.summary(),
@@ -206,13 +218,13 @@ async fn expiry(rec: &mut Rec) {
         return;
     };
     rec.check(
-        "idem.window.expiry",
+        clause!("idem.window.expiry"),
         rec.ctx.executed(&r2, Some(&first)),
         "a fresh execution",
         r2.summary(),
     );
     rec.check_effects(
-        "idem.window.expiry",
+        clause!("idem.window.expiry"),
         0,
         &marker,
         &[&first, &r2],
@@ -227,7 +239,7 @@ async fn expiry(rec: &mut Rec) {
         return;
     };
     rec.check(
-        "idem.window.expiry",
+        clause!("idem.window.expiry"),
         r3.same_outcome(&r2),
         "the new outcome is stored under the key: a replay of R2",
         r3.summary(),
@@ -259,7 +271,7 @@ async fn published(rec: &mut Rec) {
         .and_then(serde_json::Value::as_u64);
     let declared = rec.ctx.manifest.policy.replay_window_secs;
     rec.check(
-        "idem.window.published",
+        clause!("idem.window.published"),
         window == Some(declared),
         format!("x-idempotency.policy.replay_window_secs = {declared}"),
         format!("replay_window_secs = {window:?}"),
@@ -267,7 +279,7 @@ async fn published(rec: &mut Rec) {
     // The clause is about keeping records; what a black box sees is only
     // whether the period is published, a spelling.
     rec.check_as(
-        "idem.window.retention",
+        clause!("idem.window.retention"),
         idem_spec::clauses::Class::Interop,
         retention.is_some_and(|t| t >= declared),
         format!("a published retention_secs of at least the window ({declared} s)"),

@@ -21,6 +21,9 @@ pub fn render(r: &Report) -> String {
         "preflight: {} step(s) passed before any case ran",
         r.preflight.len()
     );
+    if let Some(why) = &r.harness_error {
+        let _ = writeln!(s, "\nHARNESS ERROR before any case: {why}");
+    }
     if !r.headlines.is_empty() {
         let _ = writeln!(s);
         for h in &r.headlines {
@@ -36,11 +39,12 @@ pub fn render(r: &Report) -> String {
         let waived = if c.waived.is_some() { " (waived)" } else { "" };
         let _ = writeln!(
             s,
-            "  {:<17} {:<26} {:<6} {}{waived}",
+            "  {:<17} {:<26} {:<6} {}{waived}{}",
             tag(c),
             c.id,
             c.tier.as_str(),
-            c.title
+            c.title,
+            super::failed_clauses(c)
         );
     }
     let details: Vec<_> = r

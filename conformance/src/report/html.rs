@@ -55,6 +55,13 @@ details{{margin:4px 0}}code{{font-size:12px}}.unsafe{{color:#c62828;font-weight:
         sm.result.as_str(),
         sm.exit_code
     );
+    if let Some(why) = &r.harness_error {
+        let _ = write!(
+            s,
+            "<p id=\"harness-error\"><b>HARNESS ERROR before any case:</b> {}</p>",
+            esc(why)
+        );
+    }
     if !r.headlines.is_empty() {
         let _ = write!(s, "<ul id=\"headlines\">");
         for h in &r.headlines {
@@ -151,7 +158,12 @@ details{{margin:4px 0}}code{{font-size:12px}}.unsafe{{color:#c62828;font-weight:
             .map_or(String::new(), |w| format!(" <i>(waived: {})</i>", esc(w)));
         let class = super::failed_class(c)
             .filter(|_| c.verdict == Verdict::Fail)
-            .map_or(String::new(), |k| format!(" <small>{k}</small>"));
+            .map_or(String::new(), |_| {
+                format!(
+                    " <small>{}</small>",
+                    esc(super::failed_clauses(c).trim_start_matches(" — "))
+                )
+            });
         let _ = write!(
             s,
             "<tr id=\"{0}\" class=\"case-row\" data-verdict=\"{6}\"><td><code>{0}</code></td><td>{1}</td><td>{2}{7}{3}</td><td><code>{4}</code></td><td>{5}",

@@ -61,6 +61,19 @@ pub fn render(r: &Report) -> Result<String, crate::Error> {
         }
         report.add_test_suite(suite);
     }
+    if let Some(why) = &r.harness_error {
+        // A run that stopped before its cases: one errored test, so a CI
+        // job that publishes the report shows why.
+        let mut suite = TestSuite::new("preflight");
+        suite.add_property(("result", r.summary.result.as_str()));
+        suite.add_property(("exit_code", r.summary.exit_code.to_string().as_str()));
+        let mut status = TestCaseStatus::non_success(NonSuccessKind::Error);
+        status.set_message(why.clone());
+        let mut tc = TestCase::new("preflight", status);
+        tc.set_classname("idem-conformance.preflight");
+        suite.add_test_case(tc);
+        report.add_test_suite(suite);
+    }
     report
         .to_string()
         .map_err(|e| crate::Error::Report(e.to_string()))

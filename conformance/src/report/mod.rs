@@ -32,6 +32,27 @@ pub fn tag(c: &CaseReport) -> String {
     }
 }
 
+/// ` — failed: scope.caller (safety), replay.verbatim (semantics)`: the
+/// clauses a failing case broke, each with its worst class, so the case
+/// table names what failed rather than only the worst class.
+pub fn failed_clauses(c: &CaseReport) -> String {
+    let mut worst: std::collections::BTreeMap<&str, Class> = std::collections::BTreeMap::new();
+    for k in c.checks.iter().filter(|k| k.verdict == Verdict::Fail) {
+        let e = worst.entry(k.clause.as_str()).or_insert(k.class);
+        *e = (*e).max(k.class);
+    }
+    if worst.is_empty() {
+        return String::new();
+    }
+    let mut v: Vec<(&str, Class)> = worst.into_iter().collect();
+    v.sort_by_key(|(id, class)| (std::cmp::Reverse(*class), *id));
+    let list: Vec<String> = v
+        .iter()
+        .map(|(id, class)| format!("{} ({class})", id.trim_start_matches("idem.")))
+        .collect();
+    format!(" — failed: {}", list.join(", "))
+}
+
 fn explain_checks(out: &mut Vec<String>, checks: &[CheckReport], indent: &str) {
     // Worst first: a safety failure leads, whatever order the case ran in.
     let mut failing: Vec<&CheckReport> = checks

@@ -17,6 +17,10 @@ pub struct ZooConfig {
     /// How long the handler works before answering, so that concurrent
     /// duplicates really overlap.
     pub delay: Duration,
+    /// A correct but unusual behaviour a foreign library has (a replay
+    /// marker whose value is not `true`, in-flight duplicates that wait,
+    /// ...), or `None`. A manifest can declare each; see [`Quirk`].
+    pub quirk: Option<Quirk>,
 }
 
 impl Default for ZooConfig {
@@ -25,6 +29,7 @@ impl Default for ZooConfig {
             dialect: Dialect::Reference,
             defect: None,
             delay: Duration::ZERO,
+            quirk: None,
         }
     }
 }
@@ -135,11 +140,25 @@ pub enum Defect {
     ReplayHeadersDropped,
     /// The quoted (`"abc"`) and bare (`abc`) spellings are two keys.
     QuotedKeyDistinct,
+    /// The in-flight lock is keyed by the key alone, not (caller, key), and
+    /// left to expire (2 s) rather than deleted: while one caller's request
+    /// runs, and for a while after, another caller's request with the same
+    /// key is refused as in use (stored outcomes are scoped right).
+    InFlightLockGlobal,
+    /// Another caller's request with a used key is executed, and then
+    /// answered with the first caller's stored response.
+    LeakAfterExecution,
+    /// Keys are not scoped by caller, and a response served to another
+    /// caller is re-serialised with its JSON members in another order.
+    LeakReorderedJson,
+    /// A 5xx is not stored, but the key stays taken: every retry with it is
+    /// refused with a 422.
+    ServerErrorLocksKey,
 }
 
 impl Defect {
     /// Every defect, in declaration order.
-    pub const ALL: [Defect; 8] = [
+    pub const ALL: [Defect; 12] = [
         Self::RaceDoubleExecution,
         Self::GlobalKeySpace,
         Self::SilentMismatchReplay,
@@ -148,6 +167,10 @@ impl Defect {
         Self::BrokenReplayAfterCompletion,
         Self::ReplayHeadersDropped,
         Self::QuotedKeyDistinct,
+        Self::InFlightLockGlobal,
+        Self::LeakAfterExecution,
+        Self::LeakReorderedJson,
+        Self::ServerErrorLocksKey,
     ];
 
     /// The kebab-case name used on the command line.
@@ -161,6 +184,10 @@ impl Defect {
             Self::BrokenReplayAfterCompletion => "broken-replay-after-completion",
             Self::ReplayHeadersDropped => "replay-headers-dropped",
             Self::QuotedKeyDistinct => "quoted-key-distinct",
+            Self::InFlightLockGlobal => "in-flight-lock-global",
+            Self::LeakAfterExecution => "leak-after-execution",
+            Self::LeakReorderedJson => "leak-reordered-json",
+            Self::ServerErrorLocksKey => "server-error-locks-key",
         }
     }
 
@@ -175,8 +202,13 @@ impl Defect {
             | Self::GlobalKeySpace
             | Self::SilentMismatchReplay
             | Self::ServerErrorStored
-            | Self::ClientErrorReexecuted => Class::Safety,
-            Self::BrokenReplayAfterCompletion | Self::ReplayHeadersDropped => Class::Semantics,
+            | Self::ClientErrorReexecuted
+            | Self::LeakAfterExecution
+            | Self::LeakReorderedJson => Class::Safety,
+            Self::BrokenReplayAfterCompletion
+            | Self::ReplayHeadersDropped
+            | Self::InFlightLockGlobal
+            | Self::ServerErrorLocksKey => Class::Semantics,
             Self::QuotedKeyDistinct => Class::Interop,
         }
     }
@@ -193,6 +225,69 @@ impl Defect {
             Self::BrokenReplayAfterCompletion => "idem.replay.verbatim",
             Self::ReplayHeadersDropped => "idem.replay.verbatim",
             Self::QuotedKeyDistinct => "idem.key.syntax",
+            Self::InFlightLockGlobal | Self::LeakAfterExecution | Self::LeakReorderedJson => {
+                "idem.scope.caller"
+            }
+            Self::ServerErrorLocksKey => "idem.failure.5xx-not-stored",
+        }
+    }
+}
+
+/// A correct behaviour in an unusual spelling or shape, as foreign
+/// libraries have them. None breaks the contract's behaviour; each needs
+/// the manifest to say it (see [`Quirk::declaration`]), and with that the
+/// kit must find no `safety` or `semantics` failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Quirk {
+    /// After answering a 500 the server drops the connection without
+    /// saying `Connection: close`: the next request on it gets no answer.
+    ResetAfterServerError,
+    /// Errors are `{"error": {"code": "...", "message": "..."}}`: the code
+    /// is nested (plain dialects; the reference dialect keeps problem+json).
+    NestedErrorCode,
+    /// The replay marker's value is `1`, not `true`.
+    MarkerValueOne,
+    /// An in-flight duplicate is held until the first request finishes and
+    /// then answered with its replay, whatever `Prefer` says.
+    AlwaysWait,
+    /// No in-flight record at all: requests with one key are serialised on
+    /// a lock, and the record is written when the first completes.
+    NoInFlightState,
+}
+
+impl Quirk {
+    /// Every quirk, in declaration order.
+    pub const ALL: [Quirk; 5] = [
+        Self::ResetAfterServerError,
+        Self::NestedErrorCode,
+        Self::MarkerValueOne,
+        Self::AlwaysWait,
+        Self::NoInFlightState,
+    ];
+
+    /// The kebab-case name used on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ResetAfterServerError => "reset-after-server-error",
+            Self::NestedErrorCode => "nested-error-code",
+            Self::MarkerValueOne => "marker-value-one",
+            Self::AlwaysWait => "always-wait",
+            Self::NoInFlightState => "no-in-flight-state",
+        }
+    }
+
+    /// What a manifest declares for this quirk, as TOML lines (for docs and
+    /// tests; the kit's zoo tests apply the same).
+    pub fn declaration(self) -> &'static str {
+        match self {
+            Self::ResetAfterServerError => "(nothing: the kit opens a new connection after a 5xx)",
+            Self::NestedErrorCode => {
+                "[profile] code_pointer = \"/error/code\" (and errors by pointer = \"/error/code\", value = ...)"
+            }
+            Self::MarkerValueOne => "[profile] replay_marker_value = \"1\"",
+            Self::AlwaysWait => "[policy] in_flight = \"always_wait\"",
+            Self::NoInFlightState => "[policy] in_flight = \"none\"",
         }
     }
 }
@@ -224,3 +319,4 @@ macro_rules! name_impls {
 
 name_impls!(Dialect, "dialect");
 name_impls!(Defect, "defect");
+name_impls!(Quirk, "quirk");

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-pub use config::{Defect, Dialect, ZooConfig};
+pub use config::{Defect, Dialect, Quirk, ZooConfig};
 pub use server::{Gate, MAX_BODY};
 
 /// The `amount` that makes the handler fail with 500 after its claim,
@@ -121,7 +121,72 @@ pub async fn spawn_with_gate(config: ZooConfig, gate: Gate) -> Result<Zoo, Error
 
 /// Starts a zoo listening on `addr` (port 0 picks a free one).
 pub async fn spawn_at(config: ZooConfig, addr: SocketAddr) -> Result<Zoo, Error> {
+    if config.quirk == Some(Quirk::ResetAfterServerError) {
+        return serve_resetting(router(config), addr).await;
+    }
     serve(router(config), addr).await
+}
+
+/// Serves HTTP/1 connections itself so that a connection that carried a 500
+/// serves nothing more: the next request on it is read and the connection
+/// closed without an answer (and the 500 said nothing about closing). This
+/// is the `reset-after-server-error` quirk; a client that reuses the pooled
+/// connection gets no response.
+async fn serve_resetting(app: axum::Router, addr: SocketAddr) -> Result<Zoo, Error> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tower::ServiceExt;
+
+    let bind = |source| Error::Bind { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(bind)?;
+    let local = listener.local_addr().map_err(bind)?;
+    let (stop, mut stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = &mut stopped => break,
+                a = listener.accept() => a,
+            };
+            let Ok((stream, _)) = accepted else { continue };
+            let app = app.clone();
+            tokio::spawn(async move {
+                let spent = Arc::new(AtomicBool::new(false));
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let (app, spent) = (app.clone(), spent.clone());
+                        async move {
+                            if spent.load(Ordering::SeqCst) {
+                                return Err(std::io::Error::other(
+                                    "this connection served a 500: closed without an answer",
+                                ));
+                            }
+                            let response = match app.oneshot(req.map(axum::body::Body::new)).await {
+                                Ok(r) => r,
+                                Err(never) => match never {},
+                            };
+                            if response.status().is_server_error() {
+                                spent.store(true, Ordering::SeqCst);
+                            }
+                            Ok(response)
+                        }
+                    },
+                );
+                let io = hyper_util::rt::TokioIo::new(stream);
+                if let Err(e) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(io, svc)
+                    .await
+                {
+                    tracing::debug!("zoo connection ended: {e}");
+                }
+            });
+        }
+    });
+    tracing::info!("zoo listening on http://{local} (connections close after a 500)");
+    Ok(Zoo {
+        base_url: format!("http://{local}"),
+        stop: Some(stop),
+        task: Some(task),
+    })
 }
 
 async fn serve(app: axum::Router, addr: SocketAddr) -> Result<Zoo, Error> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use idem_zoo::{Defect, Dialect, ZooConfig};
+use idem_zoo::{Defect, Dialect, Quirk, ZooConfig};
 
 /// A hermetic idempotency target speaking one wire dialect, optionally with one defect.
 #[derive(Parser)]
@@ -19,6 +19,9 @@ struct Args {
     /// One deliberate defect (see the crate README); none when omitted.
     #[arg(long)]
     defect: Option<Defect>,
+    /// One correct but unusual behaviour (see the crate README); none when omitted.
+    #[arg(long)]
+    quirk: Option<Quirk>,
     /// How long each handler run works before answering, in milliseconds.
     #[arg(long, default_value_t = 0)]
     delay_ms: u64,
@@ -35,6 +38,7 @@ async fn main() -> anyhow::Result<()> {
         dialect: args.dialect,
         defect: args.defect,
         delay: Duration::from_millis(args.delay_ms),
+        quirk: args.quirk,
     };
     let zoo = idem_zoo::spawn_at(config, args.listen)
         .await

@@ -25,8 +25,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, watch};
 
 use crate::{
-    CALLERS, Defect, Dialect, EXECUTIONS_PATH, ORDERS_PATH as ORDERS, SERVER_ERROR_AMOUNT,
-    ZooConfig,
+    CALLERS, Defect, EXECUTIONS_PATH, ORDERS_PATH as ORDERS, Quirk, SERVER_ERROR_AMOUNT, ZooConfig,
 };
 
 /// The longest a gated handler waits for its release before going on, so a
@@ -36,6 +35,9 @@ const GATE_LIMIT: Duration = Duration::from_secs(30);
 /// The least time the `race-double-execution` defect leaves between its
 /// check and its insert, so the defect shows even with no configured delay.
 const RACE_WINDOW: Duration = Duration::from_millis(50);
+
+/// How long the `in-flight-lock-global` defect's lock outlives its request.
+const LOCK_TTL: Duration = Duration::from_secs(2);
 
 /// A test hook that holds every handler run after its claim (and after it is
 /// counted by `/_zoo/executions`) until the test releases it, so in-flight
@@ -93,6 +95,8 @@ pub(crate) fn build(config: ZooConfig, gate: Option<Gate>) -> Router {
         config,
         gate,
         inner: Mutex::new(Inner::default()),
+        done: watch::Sender::new(0),
+        key_locks: Mutex::new(HashMap::new()),
     });
     Router::new()
         .route(ORDERS, get(list_orders).post(create_order))
@@ -122,7 +126,7 @@ async fn refuse_oversized(State(s): State<Arc<Shared>>, req: Request, next: Next
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_BODY as u64) {
-        let mut r = error(s.config.dialect, Kind::TooLarge).into_response();
+        let mut r = error(s.config, Kind::TooLarge).into_response();
         // The rest of the body is never read: say so, and close.
         r.headers_mut()
             .insert(header::CONNECTION, HeaderValue::from_static("close"));
@@ -131,10 +135,18 @@ async fn refuse_oversized(State(s): State<Arc<Shared>>, req: Request, next: Next
     next.run(req).await
 }
 
+/// (caller scope, key name): what one record is stored under.
+type Slot = (String, String);
+
 struct Shared {
     config: ZooConfig,
     gate: Option<Gate>,
     inner: Mutex<Inner>,
+    /// Bumped whenever a run finishes, so held duplicates (the
+    /// `always-wait` quirk) look again.
+    done: watch::Sender<u64>,
+    /// Per-key locks of the `no-in-flight-state` quirk.
+    key_locks: Mutex<HashMap<Slot, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 #[derive(Default)]
@@ -146,12 +158,18 @@ struct Inner {
     orders: Vec<Order>,
     /// Handler runs: (marker, key), one per execution whatever its outcome.
     executions: Vec<(String, String)>,
+    /// The `in-flight-lock-global` defect's locks: key → (holder, expiry;
+    /// none while its request runs).
+    locks: HashMap<String, (String, Option<tokio::time::Instant>)>,
     next_id: u64,
 }
 
 enum Record {
     InFlight(Fingerprint),
-    Complete(Fingerprint, Stored),
+    /// The outcome, and the caller whose request produced it.
+    Complete(Fingerprint, Stored, String),
+    /// A 5xx left the key taken (the `server-error-locks-key` defect).
+    Failed,
 }
 
 #[derive(Clone)]
@@ -217,23 +235,59 @@ impl Shared {
 
     /// The answer for a key that already has a record, or `None` when the
     /// key is absent and the request may execute.
-    fn existing(&self, inner: &Inner, slot: &(String, String), fp: Fingerprint) -> Option<Stored> {
-        let dialect = self.config.dialect;
-        let (stored_fp, stored) = match inner.keys.get(slot)? {
-            Record::InFlight(f) => (*f, None),
-            Record::Complete(f, s) => (*f, Some(s)),
+    fn existing(
+        &self,
+        inner: &Inner,
+        slot: &(String, String),
+        fp: Fingerprint,
+        caller: &str,
+    ) -> Option<Stored> {
+        let config = self.config;
+        let (stored_fp, stored, owner) = match inner.keys.get(slot)? {
+            Record::InFlight(f) => (*f, None, None),
+            Record::Complete(f, s, owner) => (*f, Some(s), Some(owner.as_str())),
+            // Defect: the key of a failed request stays taken.
+            Record::Failed => return Some(error(config, Kind::KeyFailed)),
         };
         if stored_fp != fp && !self.has(Defect::SilentMismatchReplay) {
-            return Some(error(dialect, Kind::Mismatch));
+            return Some(error(config, Kind::Mismatch));
         }
         match stored {
-            None => Some(error(dialect, Kind::InUse)),
+            None => Some(error(config, Kind::InUse)),
             // Defect: a completed key is reported as still running, forever.
             Some(_) if self.has(Defect::BrokenReplayAfterCompletion) => {
-                Some(error(dialect, Kind::InUse))
+                Some(error(config, Kind::InUse))
             }
-            Some(s) => Some(self.replay(s)),
+            Some(s) => {
+                let out = self.replay(s);
+                // Defect: another caller's response, re-serialised.
+                if self.has(Defect::LeakReorderedJson) && owner.is_some_and(|o| o != caller) {
+                    Some(reordered(out))
+                } else {
+                    Some(out)
+                }
+            }
         }
+    }
+
+    /// Whether another caller's request holds `slot`'s key (the
+    /// `in-flight-lock-global` defect: a lock on the key alone, left to
+    /// expire [`LOCK_TTL`] after the request finished).
+    fn held_by_other(&self, inner: &Inner, slot: &(String, String)) -> bool {
+        self.has(Defect::InFlightLockGlobal)
+            && inner.locks.get(&slot.1).is_some_and(|(owner, until)| {
+                owner != &slot.0 && until.is_none_or(|t| tokio::time::Instant::now() < t)
+            })
+    }
+
+    /// Another caller's stored response for the same key, for the
+    /// `leak-after-execution` defect.
+    fn other_callers_stored(&self, slot: &(String, String)) -> Option<Stored> {
+        let inner = self.lock();
+        inner.keys.iter().find_map(|((scope, name), r)| match r {
+            Record::Complete(_, s, _) if name == &slot.1 && scope != &slot.0 => Some(s.clone()),
+            _ => None,
+        })
     }
 
     fn replay(&self, stored: &Stored) -> Stored {
@@ -250,7 +304,14 @@ impl Shared {
             .replay_marker()
             .and_then(|m| HeaderName::from_bytes(m.as_bytes()).ok())
         {
-            Some(marker) => out.with_header(marker, "true"),
+            Some(marker) => {
+                let value = if self.config.quirk == Some(Quirk::MarkerValueOne) {
+                    "1"
+                } else {
+                    "true"
+                };
+                out.with_header(marker, value)
+            }
             None => out,
         }
     }
@@ -266,12 +327,11 @@ impl Shared {
         if let Some(gate) = &self.gate {
             gate.pass().await;
         }
-        let dialect = self.config.dialect;
         if req.amount == SERVER_ERROR_AMOUNT {
-            return error(dialect, Kind::Internal);
+            return error(self.config, Kind::Internal);
         }
         if req.amount < 0 {
-            return error(dialect, Kind::Rejected);
+            return error(self.config, Kind::Rejected);
         }
         let order = {
             let mut inner = self.lock();
@@ -292,7 +352,7 @@ impl Shared {
     }
 
     /// Stores a final outcome (2xx, 4xx) and releases the key after a 5xx.
-    fn finish(&self, slot: (String, String), fp: Fingerprint, outcome: &Stored) {
+    fn finish(&self, slot: (String, String), fp: Fingerprint, outcome: &Stored, caller: &str) {
         let keep = if outcome.status.is_server_error() {
             self.has(Defect::ServerErrorStored)
         } else if outcome.status.is_client_error() {
@@ -301,13 +361,25 @@ impl Shared {
             true
         };
         let mut inner = self.lock();
-        if keep {
+        if self.has(Defect::InFlightLockGlobal) {
+            // Defect: the lock is not deleted; it expires.
+            let until = tokio::time::Instant::now() + LOCK_TTL;
             inner
-                .keys
-                .insert(slot, Record::Complete(fp, outcome.clone()));
+                .locks
+                .insert(slot.1.clone(), (slot.0.clone(), Some(until)));
+        }
+        if keep {
+            inner.keys.insert(
+                slot,
+                Record::Complete(fp, outcome.clone(), caller.to_owned()),
+            );
+        } else if outcome.status.is_server_error() && self.has(Defect::ServerErrorLocksKey) {
+            inner.keys.insert(slot, Record::Failed);
         } else {
             inner.keys.remove(&slot);
         }
+        drop(inner);
+        self.done.send_modify(|n| *n += 1);
     }
 }
 
@@ -332,21 +404,21 @@ async fn create_order(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let dialect = s.config.dialect;
+    let config = s.config;
     let Some(caller) = caller(&headers) else {
-        return error(dialect, Kind::Unauthenticated).into_response();
+        return error(config, Kind::Unauthenticated).into_response();
     };
     let values = headers.get_all(IDEMPOTENCY_KEY);
     let key = match IdempotencyKey::from_header_values(values.iter().map(HeaderValue::as_bytes)) {
         Ok(k) => k,
         Err(idem_spec::Error::KeyMissing) => {
-            return error(dialect, Kind::KeyMissing).into_response();
+            return error(config, Kind::KeyMissing).into_response();
         }
-        Err(e) => return error(dialect, Kind::KeyInvalid(e.to_string())).into_response(),
+        Err(e) => return error(config, Kind::KeyInvalid(e.to_string())).into_response(),
     };
     let req: OrderRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
-        Err(e) => return error(dialect, Kind::MalformedBody(e.to_string())).into_response(),
+        Err(e) => return error(config, Kind::MalformedBody(e.to_string())).into_response(),
     };
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -354,7 +426,7 @@ async fn create_order(
     let target = uri.path_and_query().map_or(ORDERS, |p| p.as_str());
     let fp = Fingerprint::compute("POST", target, content_type, &body);
     // Defect: no caller in the slot, so one key names one record for everyone.
-    let scope = if s.has(Defect::GlobalKeySpace) {
+    let scope = if s.has(Defect::GlobalKeySpace) || s.has(Defect::LeakReorderedJson) {
         String::new()
     } else {
         caller.to_owned()
@@ -368,12 +440,26 @@ async fn create_order(
     };
     let slot = (scope, name);
 
+    // Quirk: no in-flight record; requests with one key take turns.
+    let turn = if config.quirk == Some(Quirk::NoInFlightState) {
+        let lock = {
+            let mut locks = s.key_locks.lock().unwrap_or_else(PoisonError::into_inner);
+            locks.entry(slot.clone()).or_default().clone()
+        };
+        match tokio::time::timeout(GATE_LIMIT, lock.lock_owned()).await {
+            Ok(guard) => Some(guard),
+            Err(_) => return error(config, Kind::InUse).into_response(),
+        }
+    } else {
+        None
+    };
+
     let delay_left = if s.has(Defect::RaceDoubleExecution) {
         // Defect: check, work, then insert: the check and the claim are two
         // steps with the handler's delay between them.
         let seen = {
             let inner = s.lock();
-            s.existing(&inner, &slot, fp)
+            s.existing(&inner, &slot, fp, caller)
         };
         if let Some(answer) = seen {
             return answer.into_response();
@@ -382,12 +468,10 @@ async fn create_order(
         s.lock().keys.insert(slot.clone(), Record::InFlight(fp));
         false
     } else {
-        let mut inner = s.lock();
-        if let Some(answer) = s.existing(&inner, &slot, fp) {
-            return answer.into_response();
+        match claim(&s, &slot, fp, caller, turn.is_some()).await {
+            Ok(()) => true,
+            Err(answer) => return answer.into_response(),
         }
-        inner.keys.insert(slot.clone(), Record::InFlight(fp));
-        true
     };
     // The run is its own task so a client that hangs up mid-request does not
     // cancel it: like a real server, it commits and stores its outcome, and
@@ -398,7 +482,14 @@ async fn create_order(
         let slot = slot.clone();
         tokio::spawn(async move {
             let outcome = s.execute(caller, key.as_str(), &req, delay_left).await;
-            s.finish(slot, fp, &outcome);
+            // Defect: executed, then answered with another caller's response.
+            let outcome = if s.has(Defect::LeakAfterExecution) {
+                s.other_callers_stored(&slot).unwrap_or(outcome)
+            } else {
+                outcome
+            };
+            s.finish(slot, fp, &outcome, caller);
+            drop(turn);
             outcome
         })
     };
@@ -407,9 +498,67 @@ async fn create_order(
         Err(e) => {
             tracing::error!("zoo handler run failed: {e}");
             s.lock().keys.remove(&slot);
-            error(dialect, Kind::Internal).into_response()
+            error(config, Kind::Internal).into_response()
         }
     }
+}
+
+/// The atomic claim: one check and one insert under the lock. Returns the
+/// answer instead when the key already has a record (held until that
+/// record completes under the `always-wait` quirk). `unrecorded` (the
+/// `no-in-flight-state` quirk) claims without writing an in-flight record.
+async fn claim(
+    s: &Shared,
+    slot: &(String, String),
+    fp: Fingerprint,
+    caller: &str,
+    unrecorded: bool,
+) -> Result<(), Stored> {
+    let deadline = tokio::time::Instant::now() + GATE_LIMIT;
+    loop {
+        let mut changed = s.done.subscribe();
+        {
+            let mut inner = s.lock();
+            let in_flight = matches!(inner.keys.get(slot), Some(Record::InFlight(_)));
+            let waits = s.config.quirk == Some(Quirk::AlwaysWait) && in_flight;
+            if !waits {
+                if s.held_by_other(&inner, slot) {
+                    return Err(error(s.config, Kind::InUse));
+                }
+                if let Some(answer) = s.existing(&inner, slot, fp, caller) {
+                    return Err(answer);
+                }
+                if !unrecorded {
+                    inner.keys.insert(slot.clone(), Record::InFlight(fp));
+                }
+                if s.has(Defect::InFlightLockGlobal) {
+                    inner.locks.insert(slot.1.clone(), (slot.0.clone(), None));
+                }
+                return Ok(());
+            }
+        }
+        // Quirk: hold the duplicate until the first request finishes.
+        if tokio::time::timeout_at(deadline, changed.changed())
+            .await
+            .is_err()
+        {
+            return Err(error(s.config, Kind::InUse));
+        }
+    }
+}
+
+/// `out` with its JSON object's members in reverse order (the bytes
+/// differ; the document does not).
+fn reordered(mut out: Stored) -> Stored {
+    if let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(&out.body) {
+        let members: Vec<String> = map
+            .iter()
+            .rev()
+            .map(|(k, v)| format!("{}:{v}", Value::String(k.clone())))
+            .collect();
+        out.body = Bytes::from(format!("{{{}}}", members.join(",")));
+    }
+    out
 }
 
 /// Filters for the read-only probes.
@@ -459,16 +608,16 @@ async fn show_order(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Res
         Some(o) => Stored::json(StatusCode::OK, "application/json", &o.body())
             .with_header(header::ETAG, &o.etag())
             .into_response(),
-        None => error(s.config.dialect, Kind::NotFound).into_response(),
+        None => error(s.config, Kind::NotFound).into_response(),
     }
 }
 
 async fn unknown_route(State(s): State<Arc<Shared>>) -> Response {
-    error(s.config.dialect, Kind::UnknownRoute).into_response()
+    error(s.config, Kind::UnknownRoute).into_response()
 }
 
 async fn unsupported_method(State(s): State<Arc<Shared>>) -> Response {
-    error(s.config.dialect, Kind::UnsupportedMethod).into_response()
+    error(s.config, Kind::UnsupportedMethod).into_response()
 }
 
 /// Every error the zoo answers, before its dialect spells it.
@@ -488,6 +637,8 @@ enum Kind {
     UnsupportedMethod,
     /// A declared body over the limit, refused before the claim.
     TooLarge,
+    /// The key of a request that failed (`server-error-locks-key`).
+    KeyFailed,
 }
 
 impl Kind {
@@ -504,6 +655,7 @@ impl Kind {
             Self::NotFound | Self::UnknownRoute => ErrorCode::NotFound,
             Self::UnsupportedMethod => ErrorCode::MethodNotAllowed,
             Self::TooLarge => ErrorCode::PayloadTooLarge,
+            Self::KeyFailed => ErrorCode::ValidationFailed,
         }
     }
 
@@ -521,12 +673,14 @@ impl Kind {
             Self::UnknownRoute => "no such route".into(),
             Self::UnsupportedMethod => "method not supported".into(),
             Self::TooLarge => format!("request bodies are limited to {MAX_BODY} bytes"),
+            Self::KeyFailed => "a request with this Idempotency-Key failed; use a new key".into(),
         }
     }
 }
 
 /// Spells an error the dialect's way.
-fn error(dialect: Dialect, kind: Kind) -> Stored {
+fn error(config: ZooConfig, kind: Kind) -> Stored {
+    let dialect = config.dialect;
     let detail = kind.detail();
     let stored = if dialect.is_problem_json() {
         let problem = Problem::new(kind.code(), Profile::Reference, detail);
@@ -545,9 +699,15 @@ fn error(dialect: Dialect, kind: Kind) -> Stored {
             Kind::UnknownRoute => dialect.unknown_route_status(),
             Kind::UnsupportedMethod => dialect.unsupported_method_status(),
             Kind::TooLarge => 413,
+            Kind::KeyFailed => 422,
         };
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-        Stored::json(status, "application/json", &json!({"error": detail}))
+        let body = if config.quirk == Some(Quirk::NestedErrorCode) {
+            json!({"error": {"code": kind.code().as_str(), "message": detail}})
+        } else {
+            json!({"error": detail})
+        };
+        Stored::json(status, "application/json", &body)
     };
     match kind {
         Kind::InUse => stored.with_header(header::RETRY_AFTER, "1"),

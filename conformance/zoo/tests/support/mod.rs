@@ -51,6 +51,7 @@ impl Target {
             dialect,
             defect,
             delay: Duration::from_millis(delay_ms),
+            quirk: None,
         })
         .await
         .expect("zoo starts");

@@ -1,0 +1,574 @@
+//! `init --from-openapi`: seeds a manifest from an OpenAPI 3.x document.
+//!
+//! Every operation that declares an `Idempotency-Key` header parameter
+//! becomes an endpoint; its JSON body template comes from the request
+//! body's example, else from its schema (`$ref`s followed): the amount-like
+//! integer becomes `{{amount}}`, one free-text string the run marker
+//! `{{marker}}`, and every other required string a caller var to fill in.
+//! The security schemes become two callers' headers with placeholder
+//! secrets. When a GET on the same path filters by the marker's field and
+//! answers a list, that listing is the effect probe; otherwise the created
+//! resource's id is. What the document cannot say is left as `FILL_ME`
+//! with a comment, and `list` then shows what will run.
+
+use std::collections::BTreeMap;
+
+use idem_spec::manifest::{
+    Caller, EffectProbe, Endpoint, Hooks, Limits, Manifest, ProfileDecl, Target,
+};
+use serde_json::{Map, Value, json};
+
+use crate::Error;
+
+/// The placeholder for every value the document cannot give.
+pub const FILL_ME: &str = "FILL_ME";
+
+/// What seeding found: the manifest and the notes to print beside it.
+#[derive(Debug, Clone)]
+pub struct Seeded {
+    /// The manifest (placeholders where the document says nothing).
+    pub manifest: Manifest,
+    /// One line per thing the user must check or fill in.
+    pub notes: Vec<String>,
+}
+
+/// Resolves a local `$ref` (`#/components/...`), at most 16 levels deep.
+fn resolve<'a>(doc: &'a Value, mut v: &'a Value) -> &'a Value {
+    for _ in 0..16 {
+        let Some(r) = v.get("$ref").and_then(Value::as_str) else {
+            return v;
+        };
+        match r.strip_prefix('#').and_then(|p| doc.pointer(p)) {
+            Some(next) => v = next,
+            None => return v,
+        }
+    }
+    v
+}
+
+fn type_is(schema: &Value, t: &str) -> bool {
+    match schema.get("type") {
+        Some(Value::String(s)) => s == t,
+        Some(Value::Array(a)) => a.iter().any(|x| x.as_str() == Some(t)),
+        _ => false,
+    }
+}
+
+/// Names a free-text field carrying the marker is likely to have.
+const MARKER_NAMES: [&str; 10] = [
+    "memo",
+    "reference",
+    "description",
+    "note",
+    "notes",
+    "comment",
+    "marker",
+    "label",
+    "statement_descriptor",
+    "title",
+];
+
+fn is_key_param(doc: &Value, p: &Value) -> bool {
+    let p = resolve(doc, p);
+    p.get("in").and_then(Value::as_str) == Some("header")
+        && p.get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| n.eq_ignore_ascii_case(idem_spec::headers::IDEMPOTENCY_KEY))
+}
+
+/// A value for a schema without an example: the type's plainest value.
+fn plain(doc: &Value, schema: &Value, depth: usize) -> Value {
+    let s = resolve(doc, schema);
+    if let Some(e) = s.get("example") {
+        return e.clone();
+    }
+    if let Some(e) = s
+        .get("enum")
+        .and_then(Value::as_array)
+        .and_then(|a| a.first())
+    {
+        return e.clone();
+    }
+    if depth > 4 {
+        return Value::Null;
+    }
+    if type_is(s, "object") || s.get("properties").is_some() {
+        let mut m = Map::new();
+        let required = required_of(s);
+        if let Some(props) = s.get("properties").and_then(Value::as_object) {
+            for (k, v) in props.iter().filter(|(k, _)| required.contains(k)) {
+                m.insert(k.clone(), plain(doc, v, depth + 1));
+            }
+        }
+        Value::Object(m)
+    } else if type_is(s, "array") {
+        json!([])
+    } else if type_is(s, "integer") || type_is(s, "number") {
+        json!(1)
+    } else if type_is(s, "boolean") {
+        json!(false)
+    } else if s.get("format").and_then(Value::as_str) == Some("uuid") {
+        json!("{{uuid}}")
+    } else {
+        json!("string")
+    }
+}
+
+fn required_of(s: &Value) -> Vec<String> {
+    s.get("required")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The body template of an operation's JSON request body, the names of the
+/// caller vars it uses, and the field carrying the marker (if any).
+fn body_template(
+    doc: &Value,
+    op: &Value,
+    preferred_marker: &[String],
+) -> (Value, Vec<String>, Option<String>) {
+    let Some(media) = op
+        .pointer("/requestBody")
+        .map(|b| resolve(doc, b))
+        .and_then(|b| b.get("content"))
+        .and_then(Value::as_object)
+        .and_then(|c| {
+            c.iter()
+                .find(|(k, _)| k.starts_with("application/json") || k.ends_with("+json"))
+                .map(|(_, v)| v)
+        })
+    else {
+        return (json!({}), Vec::new(), None);
+    };
+    let schema = media.get("schema").map(|s| resolve(doc, s));
+    let example = media.get("example").cloned().or_else(|| {
+        media
+            .get("examples")
+            .and_then(Value::as_object)
+            .and_then(|e| e.values().next())
+            .map(|e| resolve(doc, e))
+            .and_then(|e| e.get("value").cloned())
+    });
+    let props: Map<String, Value> = schema
+        .and_then(|s| s.get("properties"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let required = schema.map(required_of).unwrap_or_default();
+    let mut body = match example {
+        Some(Value::Object(m)) => m,
+        _ => Map::new(),
+    };
+    let from_example = !body.is_empty();
+    let string_prop = |k: &str| {
+        props
+            .get(k)
+            .is_some_and(|v| type_is(resolve(doc, v), "string"))
+    };
+    // The marker: a field a listing filters by, else a free-text name,
+    // else any string the schema has.
+    let marker = preferred_marker
+        .iter()
+        .find(|k| string_prop(k))
+        .cloned()
+        .or_else(|| {
+            MARKER_NAMES
+                .iter()
+                .find(|k| string_prop(k))
+                .map(|k| (*k).to_owned())
+        })
+        .or_else(|| {
+            props
+                .iter()
+                .find(|(k, v)| {
+                    !required.contains(k)
+                        && type_is(resolve(doc, v), "string")
+                        && resolve(doc, v).get("enum").is_none()
+                        && resolve(doc, v).get("format").is_none()
+                })
+                .map(|(k, _)| k.clone())
+        });
+    let amount = props
+        .iter()
+        .find(|(k, v)| k.as_str() == "amount" && type_is(resolve(doc, v), "integer"))
+        .or_else(|| {
+            props
+                .iter()
+                .find(|(_, v)| type_is(resolve(doc, v), "integer"))
+        })
+        .map(|(k, _)| k.clone());
+    // An example without a schema to go by: its integer `amount` is
+    // drawn, and a free-text member by a known name carries the marker.
+    let amount = amount.or_else(|| {
+        body.get("amount")
+            .filter(|v| v.is_i64())
+            .map(|_| "amount".to_owned())
+    });
+    let marker = marker.or_else(|| {
+        MARKER_NAMES
+            .iter()
+            .find(|k| body.get(**k).is_some_and(Value::is_string))
+            .map(|k| (*k).to_owned())
+    });
+    for (field, template) in [(&amount, "{{amount}}"), (&marker, "{{marker}}")] {
+        if let Some(f) = field
+            && body.contains_key(f)
+        {
+            body.insert(f.clone(), json!(template));
+        }
+    }
+    let mut vars = Vec::new();
+    for (k, v) in &props {
+        let v = resolve(doc, v);
+        if Some(k) == marker.as_ref() {
+            body.insert(k.clone(), json!("{{marker}}"));
+        } else if Some(k) == amount.as_ref() {
+            body.insert(k.clone(), json!("{{amount}}"));
+        } else if !required.contains(k) || (from_example && body.contains_key(k)) {
+            // Optional fields stay out; an example's values stay as given.
+        } else if type_is(v, "string")
+            && v.get("enum").is_none()
+            && v.get("format").and_then(Value::as_str) != Some("uuid")
+        {
+            // A required string the document cannot fill for each caller
+            // (an account, a customer): a caller var.
+            body.insert(k.clone(), json!(format!("{{{{{k}}}}}")));
+            vars.push(k.clone());
+        } else {
+            body.insert(k.clone(), plain(doc, v, 1));
+        }
+    }
+    let mut body = Value::Object(body);
+    strip_nulls(&mut body);
+    (body, vars, marker)
+}
+
+/// TOML has no null: members whose value is null are dropped.
+fn strip_nulls(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.retain(|_, x| !x.is_null());
+            m.values_mut().for_each(strip_nulls);
+        }
+        Value::Array(a) => {
+            a.retain(|x| !x.is_null());
+            a.iter_mut().for_each(strip_nulls);
+        }
+        _ => {}
+    }
+}
+
+/// The listing that counts this endpoint's effects by the marker field:
+/// a GET on the same path with a query parameter of that name, answering
+/// an array (or an object holding one).
+fn list_probe(doc: &Value, path: &str, marker_field: &str) -> Option<EffectProbe> {
+    let get = doc.pointer(&format!(
+        "/paths/{}/get",
+        path.replace('~', "~0").replace('/', "~1")
+    ))?;
+    let filters = get
+        .get("parameters")
+        .and_then(Value::as_array)?
+        .iter()
+        .map(|p| resolve(doc, p))
+        .any(|p| {
+            p.get("in").and_then(Value::as_str) == Some("query")
+                && p.get("name").and_then(Value::as_str) == Some(marker_field)
+        });
+    if !filters {
+        return None;
+    }
+    let schema = get
+        .pointer("/responses/200/content")
+        .and_then(Value::as_object)
+        .and_then(|c| c.values().next())
+        .and_then(|m| m.get("schema"))
+        .map(|s| resolve(doc, s))?;
+    let items_pointer = if type_is(schema, "array") {
+        String::new()
+    } else {
+        let (name, _) = schema
+            .get("properties")
+            .and_then(Value::as_object)?
+            .iter()
+            .find(|(_, v)| type_is(resolve(doc, v), "array"))?;
+        format!("/{name}")
+    };
+    Some(EffectProbe::List {
+        url: format!("{path}?{marker_field}={{{{marker}}}}"),
+        items_pointer,
+        match_pointer: format!("/{marker_field}"),
+        match_on: Default::default(),
+        caller: None,
+    })
+}
+
+/// The headers one caller sends, from the document's security schemes.
+fn auth_headers(doc: &Value, who: &str) -> (BTreeMap<String, String>, Vec<String>) {
+    let mut headers = BTreeMap::new();
+    let mut notes = Vec::new();
+    let schemes = doc
+        .pointer("/components/securitySchemes")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    for (name, s) in &schemes {
+        let s = resolve(doc, s);
+        let secret = format!("{FILL_ME}-{who}-{name}");
+        match (
+            s.get("type").and_then(Value::as_str),
+            s.get("scheme").and_then(Value::as_str),
+        ) {
+            (Some("http"), Some(b)) if b.eq_ignore_ascii_case("bearer") => {
+                headers.insert("Authorization".into(), format!("Bearer {secret}"));
+            }
+            (Some("http"), Some(b)) if b.eq_ignore_ascii_case("basic") => {
+                headers.insert("Authorization".into(), format!("Basic {secret}"));
+            }
+            (Some("apiKey"), _) if s.get("in").and_then(Value::as_str) == Some("header") => {
+                if let Some(h) = s.get("name").and_then(Value::as_str) {
+                    headers.insert(h.to_owned(), secret);
+                }
+            }
+            (Some("oauth2" | "openIdConnect"), _) => {
+                headers.insert("Authorization".into(), format!("Bearer {secret}"));
+            }
+            (t, _) => notes.push(format!(
+                "security scheme {name:?} ({}) cannot be sent as a header; give callers' credentials by hand",
+                t.unwrap_or("no type")
+            )),
+        }
+    }
+    if headers.is_empty() {
+        headers.insert("Authorization".into(), format!("Bearer {FILL_ME}-{who}"));
+    }
+    (headers, notes)
+}
+
+/// Seeds a manifest from an OpenAPI 3.x document (JSON).
+pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
+    let doc: Value = serde_json::from_str(text).map_err(|e| Error::ManifestParse {
+        path: origin.to_owned(),
+        message: format!(
+            "not a JSON OpenAPI document ({e}); convert YAML to JSON first, e.g. with `yq -o json`"
+        ),
+    })?;
+    let version = doc.get("openapi").and_then(Value::as_str).unwrap_or("");
+    if !version.starts_with('3') {
+        return Err(Error::ManifestInvalid(format!(
+            "{origin}: an OpenAPI 3.x document is needed (\"openapi\": \"3...\"), found {version:?}"
+        )));
+    }
+    let mut notes = Vec::new();
+    let mut endpoints = Vec::new();
+    let mut all_vars: Vec<String> = Vec::new();
+    let paths = doc
+        .get("paths")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    for (path, item) in &paths {
+        let shared: Vec<Value> = item
+            .get("parameters")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        for method in ["post", "put", "patch", "delete"] {
+            let Some(op) = item.get(method) else { continue };
+            let params: Vec<&Value> = shared
+                .iter()
+                .chain(
+                    op.get("parameters")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten(),
+                )
+                .collect();
+            if !params.iter().any(|p| is_key_param(&doc, p)) {
+                continue;
+            }
+            let filters: Vec<String> = item
+                .pointer("/get/parameters")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|p| resolve(&doc, p))
+                .filter(|p| p.get("in").and_then(Value::as_str) == Some("query"))
+                .filter_map(|p| p.get("name").and_then(Value::as_str).map(str::to_owned))
+                .collect();
+            let (body, vars, marker) = body_template(&doc, op, &filters);
+            // Path parameters become caller vars too.
+            let mut templated = path.clone();
+            for seg in path.split('/') {
+                if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+                    templated = templated.replace(seg, &format!("{{{{{name}}}}}"));
+                    all_vars.push(name.to_owned());
+                }
+            }
+            all_vars.extend(vars);
+            let name = op
+                .get("operationId")
+                .or_else(|| op.get("summary"))
+                .and_then(Value::as_str)
+                .map_or_else(
+                    || format!("{} {path}", method.to_uppercase()),
+                    str::to_owned,
+                );
+            let probe = marker.as_deref().and_then(|m| list_probe(&doc, path, m));
+            match &marker {
+                None => notes.push(format!(
+                    "{name}: no free-text string in the body to carry the run marker; add one (or a header, endpoints[].headers) and a probe that finds it"
+                )),
+                Some(m) if probe.is_none() => notes.push(format!(
+                    "{name}: the marker goes in {m:?}, but no GET {path}?{m}= listing was found; declare a probe that counts effects by it"
+                )),
+                Some(_) => {}
+            }
+            endpoints.push((
+                Endpoint {
+                    name,
+                    method: method.to_uppercase(),
+                    path: templated,
+                    body,
+                    key_required: params.iter().any(|p| {
+                        is_key_param(&doc, p)
+                            && resolve(&doc, p).get("required").and_then(Value::as_bool)
+                                == Some(true)
+                    }),
+                    rejected_body: None,
+                    replayed_headers: Vec::new(),
+                    probe: None,
+                    server_error_body: None,
+                    amounts: Default::default(),
+                    headers: BTreeMap::new(),
+                },
+                probe,
+            ));
+        }
+    }
+    if endpoints.is_empty() {
+        return Err(Error::ManifestInvalid(format!(
+            "{origin}: no operation declares an Idempotency-Key header parameter, so there is nothing to check; declare it on your idempotent operations (the contract asks for that: idem.key.endpoints-published)"
+        )));
+    }
+    all_vars.sort();
+    all_vars.dedup();
+    let callers: Vec<Caller> = ["caller-a", "caller-b"]
+        .iter()
+        .map(|who| {
+            let (headers, n) = auth_headers(&doc, who);
+            if *who == "caller-a" {
+                notes.extend(n);
+            }
+            Caller {
+                name: (*who).to_owned(),
+                headers,
+                vars: all_vars
+                    .iter()
+                    .map(|v| (v.clone(), format!("{FILL_ME}-{who}-{v}")))
+                    .collect(),
+            }
+        })
+        .collect();
+    if !all_vars.is_empty() {
+        notes.push(format!(
+            "each caller's vars ({}) need values that caller may use (its own accounts, customers...)",
+            all_vars.join(", ")
+        ));
+    }
+    notes.push(
+        "each caller's headers need real credentials of two different identities (a sandbox)"
+            .into(),
+    );
+    // The first endpoint's listing is the manifest's probe; the others keep
+    // their own when they differ.
+    let main_probe = endpoints[0].1.clone().unwrap_or_else(|| {
+        notes.push(
+            "no listing found for the first endpoint: the probe reads the created resource's id at /id; a count or list probe is stronger".into(),
+        );
+        EffectProbe::ResourceId {
+            id_pointer: "/id".into(),
+        }
+    });
+    let endpoints: Vec<Endpoint> = endpoints
+        .into_iter()
+        .enumerate()
+        .map(|(i, (mut e, p))| {
+            if i > 0 && p.as_ref() != Some(&main_probe) {
+                e.probe = p;
+            }
+            e
+        })
+        .collect();
+    let base_url = doc
+        .pointer("/servers/0/url")
+        .and_then(Value::as_str)
+        .filter(|u| u.starts_with("http://") || u.starts_with("https://"))
+        .map_or_else(
+            || {
+                notes.push("the document names no absolute server URL: set target.base_url to your sandbox".into());
+                "http://127.0.0.1:8080".to_owned()
+            },
+            |u| u.trim_end_matches('/').to_owned(),
+        );
+    let name = doc
+        .pointer("/info/title")
+        .and_then(Value::as_str)
+        .unwrap_or("my API")
+        .to_owned();
+    let manifest = Manifest {
+        target: Target {
+            name: format!("{name} (sandbox)"),
+            base_url,
+            openapi_url: None,
+        },
+        profile: ProfileDecl::default(),
+        callers,
+        endpoints,
+        policy: Default::default(),
+        probe: main_probe,
+        hooks: Hooks::default(),
+        limits: Limits::default(),
+        waivers: Vec::new(),
+    };
+    Ok(Seeded { manifest, notes })
+}
+
+/// The seeded manifest as commented TOML: what was found, what to fill in,
+/// and where the documented template lives.
+pub fn render(seeded: &Seeded, origin: &str) -> Result<String, Error> {
+    let body = toml::to_string_pretty(&seeded.manifest)
+        .map_err(|e| Error::Report(format!("cannot write the manifest: {e}")))?;
+    let mut s = format!(
+        "# idem-conformance target manifest, seeded from {origin}.\n\
+         # Every value {FILL_ME}... is for you to fill in. Every field is documented in the\n\
+         # template `idem-conformance init template.toml` writes; the profile, policy, hooks\n\
+         # and limits below are the defaults: declare your own dialect there.\n\
+         # Then: idem-conformance list --target THIS-FILE   (sends nothing)\n#\n"
+    );
+    for n in &seeded.notes {
+        s.push_str(&format!("# TODO: {n}\n"));
+    }
+    s.push('\n');
+    s.push_str(&body);
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_what_it_cannot_use() {
+        assert!(seed("openapi: 3.0.0", "x.yaml").is_err(), "YAML");
+        assert!(seed(r#"{"swagger": "2.0"}"#, "x").is_err(), "Swagger 2");
+        let none = r#"{"openapi": "3.0.3", "paths": {"/a": {"post": {}}}}"#;
+        let e = seed(none, "x").expect_err("no idempotent operation");
+        assert!(e.to_string().contains("Idempotency-Key"), "{e}");
+    }
+}
