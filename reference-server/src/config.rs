@@ -134,6 +134,12 @@ pub struct Cli {
     #[arg(long, default_value_t = 5000)]
     pub completer_interval_ms: u64,
 
+    /// How long after a lease ends the completer leaves the key to its
+    /// client's own retry (which the 409's Retry-After points at the lease's
+    /// end), in milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    pub completer_grace_ms: u64,
+
     /// Base URL of the payment processor POST /v1/payments calls
     /// (an idem-fake-processor). Without it, /v1/payments answers 503.
     #[arg(long, value_name = "URL")]
@@ -289,6 +295,7 @@ impl Cli {
             max_wait: Duration::from_secs(self.max_wait_secs),
             max_body_bytes: self.max_body_bytes,
             profile: self.profile,
+            completer_grace: Duration::from_millis(self.completer_grace_ms),
             ..EngineConfig::default()
         })
     }

@@ -411,7 +411,14 @@ async fn prometheus_counts_exactly_the_scripted_traffic() {
         .args(["--listen", "127.0.0.1:0", "--database-url", &db_url])
         .args(["--processor-url", processor.base_url()])
         .args(["--test-hooks", "--lease-secs", "5"])
-        .args(["--completer-interval-ms", "200"])
+        // The completer retries the key every pass while the processor is
+        // down (no client is coming back for it).
+        .args([
+            "--completer-interval-ms",
+            "200",
+            "--completer-grace-ms",
+            "0",
+        ])
         .env("RUST_LOG", "error")
         .start()
         .await
