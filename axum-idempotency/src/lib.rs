@@ -153,4 +153,10 @@ pub use error::{Error, Result, StoreFault};
 pub use idem_spec::{Fingerprint, IdempotencyKey, RecoveryPoint};
 pub use key::{Caller, Fence, KeyId};
 pub use layer::{IdemTx, IdempotencyLayer, IdempotencyService};
-pub use store::{PgStore, SqliteStore, Store, StoreOptions};
+#[cfg(feature = "postgres")]
+pub use store::PgStore;
+#[cfg(feature = "sqlite")]
+pub use store::SqliteStore;
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+pub use store::Store;
+pub use store::StoreOptions;

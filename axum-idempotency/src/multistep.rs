@@ -615,7 +615,7 @@ impl<K: KeyStore> Route<K> for Phased<'_, K> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
     use crate::clock::SystemClock;

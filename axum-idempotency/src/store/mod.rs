@@ -133,12 +133,23 @@
 //!   per phase by design (the first joins the claim's), plus one short
 //!   transaction per takeover and per intent recorded before a foreign call.
 
+// Each store behind its cargo feature, so an application compiles only the
+// sqlx driver it uses; `Store` (either, chosen at run time) needs both.
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
 mod either;
 mod ops;
+mod options;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(test)]
 pub(crate) mod scripted;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!(
+    "axum-idempotency needs a store: enable its `sqlite` or `postgres` feature (or both)"
+);
 
 use std::future::Future;
 
@@ -150,10 +161,12 @@ use crate::clock::Millis;
 use crate::error::Result;
 use crate::key::{Fence, KeyId};
 
-pub use either::{
-    DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, DbConn, DbTx, Store, StoreOptions,
-};
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+pub use either::{DbConn, DbTx, Store};
+pub use options::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, StoreOptions};
+#[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+#[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteTx};
 
 /// One header of a stored response. Values that are not visible ASCII are
