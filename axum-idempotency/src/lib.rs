@@ -59,10 +59,12 @@
 //!    Do not commit: the engine commits your writes and the stored response
 //!    together, or rolls both back.
 //! 3. **The layer on the route's method router** (`post(handler).layer(..)`),
-//!    so only the state-changing method requires a key. Declare extra
-//!    response headers a replay must reproduce with
-//!    [`IdempotencyLayer::replay_header`] (Content-Type, Location and ETag
-//!    always are).
+//!    so only the state-changing method requires a key. A replay carries
+//!    every header your handler set except hop-by-hop ones,
+//!    `Content-Length` (recomputed) and the per-response `Date` and
+//!    `Set-Cookie`; declare those two with
+//!    [`IdempotencyLayer::replay_header`] if a replay must carry them (see
+//!    [`stored_response`](store::stored_response)).
 //! 4. **Authentication outside it** that inserts a [`Caller`] extension:
 //!    keys are scoped to the caller (clause `idem.scope.caller`). Without a
 //!    `Caller` the layer answers 401.
