@@ -49,7 +49,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! 1. **A store on your pool**: [`SqliteStore`] on a `SqlitePool`,
+//! 1. **A store on your pool**: [`SqliteStore`] on a `SqlitePool`
+//!    ([`SqliteStore::open`] opens a file with the tested settings),
 //!    [`PgStore`] on a `PgPool` (many processes on one database), or
 //!    [`Store`] to choose at run time. Run its [`migrate`](SqliteStore::migrate)
 //!    at start, beside your own migrations ([`migrate`] says why it does not
@@ -95,7 +96,15 @@
 //! endpoint is a [`multistep::MultiStep`]: atomic phases with a recovery
 //! point committed after each, an outbound key derived from the caller's,
 //! leases with fencing, and the [completer](jobs) that finishes requests
-//! whose client went away. The [reaper] deletes keys past retention (72 h).
+//! whose client went away. The [reaper] deletes keys past retention (72 h):
+//! spawn [`reaper::run`] once at start, or the key table only grows.
+//!
+//! ## Cargo features
+//!
+//! `sqlite` ([`SqliteStore`]) and `postgres` ([`PgStore`]), both on by
+//! default; an application on one database turns the other off
+//! (`default-features = false, features = ["sqlite"]`) and does not compile
+//! that sqlx driver. [`Store`], which chooses at run time, needs both.
 //!
 //! ## What a request holds while your handler runs
 //!
