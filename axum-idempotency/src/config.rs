@@ -80,7 +80,16 @@ pub struct EngineConfig {
     pub wait_poll_interval: Duration,
     /// Largest request body accepted on idempotent endpoints (413 above).
     pub max_body_bytes: usize,
-    /// Largest response an endpoint may produce (it is stored for replay).
+    /// Largest response body an endpoint may produce (it is stored for
+    /// replay; 1 MiB by default). A final response over it cannot be
+    /// stored, so it is not sent either: the endpoint's writes roll back
+    /// and the client gets `500 internal_error` whose detail names this
+    /// setting, logged at WARN, and the key is free again
+    /// ([`Error::ResponseTooLarge`](crate::Error::ResponseTooLarge)). A 500
+    /// rather than 507: the contract's code for "the server failed, nothing
+    /// stored, retry with the key", which every client already handles, and
+    /// the cause is the server's configuration, not the request. Raise it,
+    /// or answer with a reference to the result (its `Location`).
     pub max_response_bytes: usize,
     /// The status and error codes the engine's own answers use.
     pub profile: Profile,

@@ -86,6 +86,19 @@ pub enum Error {
     /// Invalid configuration.
     #[error("configuration error: {0}")]
     Config(String),
+    /// The endpoint's response body is larger than
+    /// [`EngineConfig::max_response_bytes`](crate::EngineConfig::max_response_bytes),
+    /// so it cannot be stored for replay. Answered `500 internal_error`
+    /// with a detail naming the setting: like any 5xx nothing is stored,
+    /// the endpoint's writes are rolled back and the key is free again.
+    #[error(
+        "the endpoint's response is larger than {limit} bytes (EngineConfig::max_response_bytes), \
+         so it could not be stored for replay; nothing was stored and the key was released"
+    )]
+    ResponseTooLarge {
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// Any other failure inside the engine. Rendered as 500 without details.
     #[error("internal error: {0}")]
     Internal(String),
@@ -104,9 +117,11 @@ impl Error {
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::Failpoint(_) => ErrorCode::ValidationFailed,
             Self::Store(e) if StoreFault::of(e).is_some() => ErrorCode::UpstreamUnavailable,
-            Self::Store(_) | Self::Migrate(_) | Self::Config(_) | Self::Internal(_) => {
-                ErrorCode::InternalError
-            }
+            Self::Store(_)
+            | Self::Migrate(_)
+            | Self::Config(_)
+            | Self::Internal(_)
+            | Self::ResponseTooLarge { .. } => ErrorCode::InternalError,
         }
     }
 
@@ -123,6 +138,10 @@ impl Error {
         let code = self.code();
         let detail = if let Some(fault) = self.store_fault() {
             fault.client_detail()
+        } else if let Self::ResponseTooLarge { .. } = self {
+            // Names the setting: the operator's fix, and the reason a retry
+            // will fail the same way until it changes.
+            self.to_string()
         } else if code == ErrorCode::InternalError {
             // Driver messages can carry SQL and schema names; they go to the
             // log, never to the client.
@@ -208,9 +227,12 @@ impl StoreFault {
                 // Asked of the driver, not guessed from the code: many
                 // SQLSTATEs are all digits too ("25006" read-only, "53100"
                 // disk full) and would read as SQLite codes.
+                #[cfg(feature = "postgres")]
                 let postgres = db
                     .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
                     .is_some();
+                #[cfg(not(feature = "postgres"))]
+                let postgres = false;
                 if !postgres && let Ok(n) = code.parse::<i64>() {
                     // SQLite: (extended) result codes; the primary code is
                     // the low byte.

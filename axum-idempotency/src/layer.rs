@@ -36,8 +36,11 @@ impl<K: KeyStore> IdempotencyLayer<K> {
         }
     }
 
-    /// Declares one more response header that replays reproduce, besides
-    /// Content-Type, Location and ETag. Invalid names are ignored.
+    /// Declares a per-response header (`Date`, `Set-Cookie`) that replays
+    /// should reproduce all the same. Every other header the endpoint sets
+    /// is replayed without this; hop-by-hop headers and `Content-Length`
+    /// never are (see [`stored_response`](crate::store::stored_response)).
+    /// Invalid names are ignored.
     pub fn replay_header(mut self, name: &str) -> Self {
         if let Ok(name) = HeaderName::from_bytes(name.as_bytes()) {
             Arc::make_mut(&mut self.replay_headers).push(name);

@@ -49,7 +49,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! 1. **A store on your pool**: [`SqliteStore`] on a `SqlitePool`,
+//! 1. **A store on your pool**: [`SqliteStore`] on a `SqlitePool`
+//!    ([`SqliteStore::open`] opens a file with the tested settings),
 //!    [`PgStore`] on a `PgPool` (many processes on one database), or
 //!    [`Store`] to choose at run time. Run its [`migrate`](SqliteStore::migrate)
 //!    at start, beside your own migrations ([`migrate`] says why it does not
@@ -59,10 +60,12 @@
 //!    Do not commit: the engine commits your writes and the stored response
 //!    together, or rolls both back.
 //! 3. **The layer on the route's method router** (`post(handler).layer(..)`),
-//!    so only the state-changing method requires a key. Declare extra
-//!    response headers a replay must reproduce with
-//!    [`IdempotencyLayer::replay_header`] (Content-Type, Location and ETag
-//!    always are).
+//!    so only the state-changing method requires a key. A replay carries
+//!    every header your handler set except hop-by-hop ones,
+//!    `Content-Length` (recomputed) and the per-response `Date` and
+//!    `Set-Cookie`; declare those two with
+//!    [`IdempotencyLayer::replay_header`] if a replay must carry them (see
+//!    [`stored_response`](store::stored_response)).
 //! 4. **Authentication outside it** that inserts a [`Caller`] extension:
 //!    keys are scoped to the caller (clause `idem.scope.caller`). Without a
 //!    `Caller` the layer answers 401.
@@ -93,7 +96,15 @@
 //! endpoint is a [`multistep::MultiStep`]: atomic phases with a recovery
 //! point committed after each, an outbound key derived from the caller's,
 //! leases with fencing, and the [completer](jobs) that finishes requests
-//! whose client went away. The [reaper] deletes keys past retention (72 h).
+//! whose client went away. The [reaper] deletes keys past retention (72 h):
+//! spawn [`reaper::run`] once at start, or the key table only grows.
+//!
+//! ## Cargo features
+//!
+//! `sqlite` ([`SqliteStore`]) and `postgres` ([`PgStore`]), both on by
+//! default; an application on one database turns the other off
+//! (`default-features = false, features = ["sqlite"]`) and does not compile
+//! that sqlx driver. [`Store`], which chooses at run time, needs both.
 //!
 //! ## What a request holds while your handler runs
 //!
@@ -183,4 +194,10 @@ pub use error::{Error, Result, StoreFault};
 pub use idem_spec::{Fingerprint, IdempotencyKey, RecoveryPoint};
 pub use key::{Caller, Fence, KeyId};
 pub use layer::{IdemTx, IdempotencyLayer, IdempotencyService};
-pub use store::{PgStore, SqliteStore, Store, StoreOptions};
+#[cfg(feature = "postgres")]
+pub use store::PgStore;
+#[cfg(feature = "sqlite")]
+pub use store::SqliteStore;
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+pub use store::Store;
+pub use store::StoreOptions;

@@ -282,9 +282,11 @@ impl Outcome {
             | Error::MalformedBody(_)
             | Error::PayloadTooLarge { .. }
             | Error::Failpoint(_) => Self::Rejected,
-            Error::Store(_) | Error::Migrate(_) | Error::Config(_) | Error::Internal(_) => {
-                Self::ServerErrorReleased
-            }
+            Error::Store(_)
+            | Error::Migrate(_)
+            | Error::Config(_)
+            | Error::Internal(_)
+            | Error::ResponseTooLarge { .. } => Self::ServerErrorReleased,
         }
     }
 

@@ -25,7 +25,10 @@
 //! history instead of calling this module.
 
 use sha2::{Digest, Sha256};
-use sqlx::{PgPool, SqlitePool};
+#[cfg(feature = "postgres")]
+use sqlx::PgPool;
+#[cfg(feature = "sqlite")]
+use sqlx::SqlitePool;
 
 use crate::error::{Error, Result};
 
@@ -142,6 +145,7 @@ macro_rules! run {
 }
 
 /// Applies the pending [`SQLITE`] migrations to `pool`.
+#[cfg(feature = "sqlite")]
 pub async fn sqlite(pool: &SqlitePool) -> Result<()> {
     // BEGIN IMMEDIATE takes the write lock first, so two processes starting
     // on one file apply the migrations one after the other.
@@ -153,6 +157,7 @@ pub async fn sqlite(pool: &SqlitePool) -> Result<()> {
 
 /// Applies the pending [`POSTGRES`] migrations to `pool` (in its current
 /// schema).
+#[cfg(feature = "postgres")]
 pub async fn postgres(pool: &PgPool) -> Result<()> {
     let mut tx = pool.begin().await?;
     // Serialises concurrent starts, and must come before CREATE TABLE IF

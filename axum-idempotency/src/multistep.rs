@@ -149,8 +149,10 @@ pub trait MultiStep<K: KeyStore>: Send + Sync + 'static {
         p: &mut Phase<'_, K>,
     ) -> impl Future<Output = std::result::Result<Next, Self::Error>> + Send;
 
-    /// Response headers replays reproduce besides Content-Type, Location and
-    /// ETag.
+    /// Per-response headers (`Date`, `Set-Cookie`) that replays reproduce
+    /// all the same; every other header the final phase's response sets is
+    /// replayed without this (see
+    /// [`stored_response`](crate::store::stored_response)).
     fn replay_headers(&self) -> Vec<HeaderName> {
         Vec::new()
     }
@@ -631,7 +633,7 @@ impl<K: KeyStore> Route<K> for Phased<'_, K> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
     use crate::clock::SystemClock;

@@ -87,13 +87,12 @@ impl<K: KeyStore> Engine<K> {
         replay_headers: &[HeaderName],
     ) -> Result<Response<Body>> {
         let (parts, body) = response.into_parts();
-        let body = match axum::body::to_bytes(body, self.config().max_response_bytes).await {
+        let limit = self.config().max_response_bytes;
+        let body = match axum::body::to_bytes(body, limit).await {
             Ok(b) => b,
             Err(e) => {
                 self.fail(fence, tx, fresh).await?;
-                return Err(Error::Internal(format!(
-                    "endpoint response unreadable: {e}"
-                )));
+                return Err(unreadable_response(incoming, e, limit));
             }
         };
         let status = parts.status.as_u16();
@@ -170,4 +169,26 @@ impl<K: KeyStore> Engine<K> {
 pub(crate) fn injected_error(profile: Profile) -> Response<Body> {
     Error::Internal("server error injected by Idem-Failpoint: error-after=started".into())
         .into_response_in(profile)
+}
+
+/// The error for an endpoint response the engine could not read whole:
+/// [`Error::ResponseTooLarge`] (logged at WARN: an endpoint that can never
+/// succeed until `max_response_bytes` or the endpoint changes) when it
+/// outgrew `limit`, an internal error otherwise.
+pub(crate) fn unreadable_response(incoming: &Incoming, e: axum::Error, limit: usize) -> Error {
+    let e = e.into_inner();
+    if e.downcast_ref::<http_body_util::LengthLimitError>()
+        .is_some()
+    {
+        tracing::warn!(
+            key = %incoming.id,
+            path = %incoming.request.path,
+            limit,
+            "endpoint response larger than EngineConfig::max_response_bytes: not stored, \
+             writes rolled back, answered 500 and the key released"
+        );
+        Error::ResponseTooLarge { limit }
+    } else {
+        Error::Internal(format!("endpoint response unreadable: {e}"))
+    }
 }

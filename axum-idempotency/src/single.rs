@@ -188,15 +188,14 @@ where
         }
     };
     let (parts, body) = response.into_parts();
-    let body = match axum::body::to_bytes(body, engine.config().max_response_bytes).await {
+    let limit = engine.config().max_response_bytes;
+    let body = match axum::body::to_bytes(body, limit).await {
         Ok(b) => b,
         Err(e) => {
             if let Some(tx) = tx {
                 engine.store().rollback(tx).await?;
             }
-            return Err(Error::Internal(format!(
-                "endpoint response unreadable: {e}"
-            )));
+            return Err(crate::settle::unreadable_response(incoming, e, limit));
         }
     };
     let status = parts.status.as_u16();

@@ -65,6 +65,43 @@ async fn handler(
     Ok((StatusCode::from_u16(status).unwrap(), format!("run {n}")))
 }
 
+/// Writes one effect, then answers 201 with a body of the requested size
+/// and the headers a real handler sets: its own, repeated ones, caching,
+/// hop-by-hop and per-response ones.
+async fn rich(
+    tx: IdemTx<Store>,
+    caller: Caller,
+    Json(size): Json<usize>,
+) -> Result<(StatusCode, axum::http::HeaderMap, String), axum_idempotency::Error> {
+    let mut tx = tx.lock().await?;
+    with_conn!(&mut *tx, c => {
+        sqlx::query("INSERT INTO effects (owner, n) VALUES ($1, 1)")
+            .bind(caller.as_str())
+            .execute(&mut *c)
+            .await?;
+    });
+    drop(tx);
+    let mut headers = axum::http::HeaderMap::new();
+    for (name, value) in [
+        ("x-request-cost", "7"),
+        ("x-multi", "a"),
+        ("x-multi", "b"),
+        ("cache-control", "no-store"),
+        ("location", "/things/1"),
+        ("link", "</things/1/receipt>; rel=\"receipt\""),
+        ("x-declared-date", "Wed, 02 Dec 2026 06:00:00 GMT"),
+        ("date", "Wed, 02 Dec 2026 06:00:00 GMT"),
+        ("set-cookie", "session=first"),
+        ("connection", "close"),
+    ] {
+        headers.append(
+            axum::http::HeaderName::from_static(name),
+            axum::http::HeaderValue::from_static(value),
+        );
+    }
+    Ok((StatusCode::CREATED, headers, "x".repeat(size)))
+}
+
 struct App {
     router: Router,
     store: Store,
@@ -103,6 +140,11 @@ fn router(store: &Store, ctl: &Ctl, failpoints: bool) -> Router {
         engine = engine.with_failpoints(Arc::new(Failpoints::new(Duration::from_secs(5))));
     }
     Router::new()
+        .route(
+            "/rich",
+            post(rich)
+                .layer(IdempotencyLayer::new(engine.clone()).replay_header("x-declared-date")),
+        )
         .route("/do", post(handler).layer(IdempotencyLayer::new(engine)))
         .layer(axum::middleware::from_fn(
             |mut req: Request<Body>, next: axum::middleware::Next| async move {
@@ -418,3 +460,90 @@ async fn postgres_a_request_that_loses_its_final_write_replays_the_winner_and_wr
     assert_eq!(app.ctl.runs.load(Ordering::SeqCst), 1, "our endpoint ran");
     assert_eq!(effects(&app).await, 0, "and its write was rolled back");
 }
+
+fn rich_req(key: &str, size: usize) -> Request<Body> {
+    Request::post("/rich")
+        .header("x-user", "ann")
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(Body::from(size.to_string()))
+        .unwrap()
+}
+
+fn values<'a>(headers: &'a axum::http::HeaderMap, name: &str) -> Vec<&'a [u8]> {
+    headers.get_all(name).iter().map(|v| v.as_bytes()).collect()
+}
+
+// clause: idem.replay.verbatim
+async fn a_replay_carries_every_header_the_handler_set_but_hop_by_hop_and_per_response_ones(
+    b: Backend,
+) {
+    let app = app(db!(b, "engine-headers"), false).await;
+    let first = send(&app, rich_req("h", 10)).await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    let again = send(&app, rich_req("h", 10)).await;
+    assert_eq!((again.0, &again.2), (first.0, &first.2));
+    assert_eq!(again.1["idempotent-replayed"], "true");
+    for name in [
+        "content-type",
+        "x-request-cost",
+        "x-multi",
+        "cache-control",
+        "location",
+        "link",
+        "x-declared-date",
+    ] {
+        assert!(
+            !values(&first.1, name).is_empty(),
+            "{name} set by the handler"
+        );
+        assert_eq!(
+            values(&again.1, name),
+            values(&first.1, name),
+            "{name} replayed as the handler set it"
+        );
+    }
+    // Content-Length, where the router adds one, is the stored body's.
+    for length in values(&again.1, "content-length") {
+        assert_eq!(length, again.2.len().to_string().as_bytes());
+    }
+    for name in ["date", "set-cookie", "connection"] {
+        assert!(
+            values(&again.1, name).is_empty(),
+            "{name} is not replayed: {:?}",
+            values(&again.1, name)
+        );
+    }
+    assert_eq!(effects(&app).await, 1);
+}
+both!(a_replay_carries_every_header_the_handler_set_but_hop_by_hop_and_per_response_ones);
+
+// clause: idem.failure.5xx-not-stored
+async fn a_response_over_max_response_bytes_is_a_500_naming_the_setting_and_frees_the_key(
+    b: Backend,
+) {
+    let app = app(db!(b, "engine-oversize"), false).await;
+    let limit = EngineConfig::default().max_response_bytes;
+    let over = send(&app, rich_req("big", limit + 1)).await;
+    assert_eq!(over.0, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(over.1["content-type"], "application/problem+json");
+    let problem: serde_json::Value = serde_json::from_str(&over.2).unwrap();
+    assert_eq!(problem["code"], "internal_error");
+    let detail = problem["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("EngineConfig::max_response_bytes") && detail.contains(&limit.to_string()),
+        "the detail names the setting and its value: {detail}"
+    );
+    assert_eq!(effects(&app).await, 0, "the handler's write rolled back");
+    // Nothing stored: the same key runs again, and a body at the limit is
+    // stored and replayed.
+    let at_limit = send(&app, rich_req("big", limit)).await;
+    assert_eq!(at_limit.0, StatusCode::CREATED, "the key was free again");
+    assert!(!at_limit.1.contains_key("idempotent-replayed"));
+    assert_eq!(at_limit.2.len(), limit);
+    let replay = send(&app, rich_req("big", limit)).await;
+    assert_eq!(replay.1["idempotent-replayed"], "true");
+    assert_eq!(replay.2, at_limit.2);
+    assert_eq!(effects(&app).await, 1);
+}
+both!(a_response_over_max_response_bytes_is_a_500_naming_the_setting_and_frees_the_key);

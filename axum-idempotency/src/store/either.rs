@@ -6,11 +6,7 @@
 //! [`with_pool!`](crate::with_pool) on whichever pool. An application on one
 //! database uses [`SqliteStore`] or [`PgStore`] directly and needs neither.
 
-use std::str::FromStr;
-use std::time::Duration;
-
 use idem_spec::Fingerprint;
-use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, SqliteConnection};
 
 use super::ops::StagedJob;
@@ -21,6 +17,8 @@ use super::{
 use crate::clock::Millis;
 use crate::error::{Error, Result};
 use crate::key::{Fence, KeyId};
+
+use super::StoreOptions;
 
 /// A key store on SQLite or PostgreSQL.
 #[derive(Debug, Clone)]
@@ -109,61 +107,6 @@ macro_rules! with_pool {
     };
 }
 
-/// The default bound on waiting for the store: a connection from the pool,
-/// SQLite's write lock (the writer gate and another process's lock). Short,
-/// so an outage is answered `503` at once instead of hanging requests
-/// (clause `idem.store.fail-closed`).
-pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The default bound on one statement (PostgreSQL `statement_timeout`),
-/// below the default lease so a stuck statement cannot outlive its key.
-pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How [`Store::connect_with`] builds its pool: size and the time bounds
-/// that make a store outage fail fast.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoreOptions {
-    /// Pool size (at least 1).
-    pub max_connections: u32,
-    /// Longest wait for a connection or for SQLite's write lock; past it
-    /// the request is answered `503 upstream_unavailable`.
-    pub acquire_timeout: Duration,
-    /// Longest one PostgreSQL statement may run (server-side
-    /// `statement_timeout`); not applied to SQLite, whose statements are
-    /// local and bounded by its busy timeout.
-    pub statement_timeout: Duration,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        Self {
-            max_connections: 10,
-            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
-            statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
-        }
-    }
-}
-
-impl StoreOptions {
-    /// Sets the pool size.
-    pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n;
-        self
-    }
-
-    /// Sets the bound on waiting for a connection (and SQLite's lock).
-    pub fn acquire_timeout(mut self, d: Duration) -> Self {
-        self.acquire_timeout = d;
-        self
-    }
-
-    /// Sets the bound on one PostgreSQL statement.
-    pub fn statement_timeout(mut self, d: Duration) -> Self {
-        self.statement_timeout = d;
-        self
-    }
-}
-
 impl Store {
     /// Opens a pool on `database_url` with [`StoreOptions::default`] but
     /// `max_connections`. See [`Store::connect_with`].
@@ -175,32 +118,19 @@ impl Store {
         .await
     }
 
-    /// Opens a pool on `database_url`: `sqlite://PATH` (created if missing,
-    /// with [`SqliteStore::recommended_options`]), `sqlite::memory:`, or
-    /// `postgres://...`, with the pool settings of
-    /// [`SqliteStore::pool_options`] / [`PgStore::pool_options`] (bounded
-    /// acquire, connections tested before use and retired when a failed
-    /// commit or rollback left them inside a transaction). It does not
-    /// migrate: call [`Store::migrate`].
+    /// Opens a pool on `database_url`: `sqlite://PATH` or `sqlite::memory:`
+    /// as [`SqliteStore::connect`] does, `postgres://...` as
+    /// [`PgStore::connect`] does. It does not migrate: call
+    /// [`Store::migrate`].
     pub async fn connect_with(database_url: &str, options: &StoreOptions) -> Result<Self> {
-        let max = options.max_connections.max(1);
         if database_url.starts_with("postgres://") || database_url.starts_with("postgresql://") {
-            let statement_ms = options.statement_timeout.as_millis().max(1);
-            let connect = PgConnectOptions::from_str(database_url)?
-                .options([("statement_timeout", statement_ms)]);
-            let pool = PgStore::pool_options(options.acquire_timeout)
-                .max_connections(max)
-                .connect_with(connect)
-                .await?;
-            Ok(Self::Postgres(PgStore::new(pool)))
+            Ok(Self::Postgres(
+                PgStore::connect(database_url, options).await?,
+            ))
         } else if database_url.starts_with("sqlite:") {
-            let connect = SqliteStore::recommended_options(database_url)?
-                .busy_timeout(options.acquire_timeout);
-            let pool = SqliteStore::pool_options(options.acquire_timeout)
-                .max_connections(max)
-                .connect_with(connect)
-                .await?;
-            Ok(Self::Sqlite(SqliteStore::new(pool)))
+            Ok(Self::Sqlite(
+                SqliteStore::connect(database_url, options).await?,
+            ))
         } else {
             Err(Error::Config(format!(
                 "unsupported database URL {database_url:?}: use sqlite://PATH or postgres://..."

@@ -133,12 +133,23 @@
 //!   per phase by design (the first joins the claim's), plus one short
 //!   transaction per takeover and per intent recorded before a foreign call.
 
+// Each store behind its cargo feature, so an application compiles only the
+// sqlx driver it uses; `Store` (either, chosen at run time) needs both.
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
 mod either;
 mod ops;
+mod options;
+#[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(test)]
 pub(crate) mod scripted;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!(
+    "axum-idempotency needs a store: enable its `sqlite` or `postgres` feature (or both)"
+);
 
 use std::future::Future;
 
@@ -150,10 +161,12 @@ use crate::clock::Millis;
 use crate::error::Result;
 use crate::key::{Fence, KeyId};
 
-pub use either::{
-    DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, DbConn, DbTx, Store, StoreOptions,
-};
+#[cfg(all(feature = "sqlite", feature = "postgres"))]
+pub use either::{DbConn, DbTx, Store};
+pub use options::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, StoreOptions};
+#[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+#[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteTx};
 
 /// One header of a stored response. Values that are not visible ASCII are
@@ -206,28 +219,59 @@ impl StoredHeader {
 pub struct StoredResponse {
     /// HTTP status.
     pub status: u16,
-    /// The headers that are replayed (Content-Type, Location, ETag and the
-    /// endpoint's declared ones).
+    /// The headers that are replayed: see [`stored_response`].
     pub headers: Vec<StoredHeader>,
     /// The body, byte for byte.
     pub body: Vec<u8>,
 }
 
-/// Picks the headers a replay reproduces: Content-Type, Location, ETag and
-/// the endpoint's declared ones (clause idem.replay.verbatim).
+/// Whether a header belongs to one connection (RFC 9110 section 7.6.1 and
+/// RFC 9112's `Transfer-Encoding`): never stored, never replayable.
+fn hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TE
+        || name == header::TRAILER
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || name == header::CONTENT_LENGTH
+        || name.as_str() == "keep-alive"
+        || name.as_str().starts_with("proxy-")
+}
+
+/// Whether a header describes one response rather than the outcome:
+/// `Date` (the replay gets the time it is sent) and `Set-Cookie` (a cookie
+/// can be a credential: it is not kept at rest in the key table, and a
+/// session rotated or ended since the first response is not brought back).
+/// Stored only when the endpoint declares it
+/// ([`IdempotencyLayer::replay_header`](crate::IdempotencyLayer::replay_header)).
+fn per_response(name: &HeaderName) -> bool {
+    name == header::DATE || name == header::SET_COOKIE
+}
+
+/// Picks the headers a replay reproduces (clause idem.replay.verbatim):
+/// every header the endpoint set, each value byte for byte and in order,
+/// except
+/// - hop-by-hop headers (`Connection`, `Keep-Alive`, `Proxy-*`, `TE`,
+///   `Trailer`, `Transfer-Encoding`, `Upgrade`) and `Content-Length`,
+///   which belong to one connection (the length is recomputed from the
+///   stored body);
+/// - `Date` and `Set-Cookie`, which describe one response, unless listed in
+///   `declared`.
+///
+/// Headers added outside the idempotency layer (by middleware around it,
+/// or by the HTTP server) are not seen here: they are added again to the
+/// replay as to any response.
 pub fn stored_response(
     status: u16,
     headers: &HeaderMap,
     declared: &[HeaderName],
     body: &[u8],
 ) -> StoredResponse {
-    let mut kept = Vec::new();
-    let always = [header::CONTENT_TYPE, header::LOCATION, header::ETAG];
-    for name in always.iter().chain(declared) {
-        for value in headers.get_all(name) {
-            kept.push(StoredHeader::new(name.as_str(), value.as_bytes()));
-        }
-    }
+    let kept = headers
+        .iter()
+        .filter(|(name, _)| !hop_by_hop(name) && (!per_response(name) || declared.contains(name)))
+        .map(|(name, value)| StoredHeader::new(name.as_str(), value.as_bytes()))
+        .collect();
     StoredResponse {
         status,
         headers: kept,
@@ -662,42 +706,69 @@ mod tests {
 
     // clause: idem.replay.verbatim
     #[test]
-    fn a_stored_response_keeps_the_replayed_headers_only_byte_for_byte() {
+    fn a_stored_response_keeps_every_header_but_the_connections_and_per_response_ones() {
         let mut headers = HeaderMap::new();
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
         headers.insert(header::LOCATION, HeaderValue::from_static("/things/1"));
-        headers.append("x-declared", HeaderValue::from_static("a"));
-        headers.append("x-declared", HeaderValue::from_static("b"));
-        headers.insert("x-other", HeaderValue::from_static("dropped"));
+        headers.append("x-multi", HeaderValue::from_static("a"));
+        headers.append("x-multi", HeaderValue::from_static("b"));
+        headers.insert("x-other", HeaderValue::from_static("kept"));
         headers.insert(
             header::ETAG,
             HeaderValue::from_bytes(b"\"caf\xe9\"").expect("bytes"),
         );
-        let declared = [HeaderName::from_static("x-declared")];
-        let stored = stored_response(201, &headers, &declared, b"{}");
-        let names: Vec<&str> = stored.headers.iter().map(|h| h.name.as_str()).collect();
+        // Never stored: hop-by-hop, the length, and per-response headers
+        // nobody declared.
+        for (name, value) in [
+            ("connection", "close"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authenticate", "Basic"),
+            ("te", "trailers"),
+            ("trailer", "x-sum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("content-length", "2"),
+            ("date", "Wed, 02 Dec 2026 06:00:00 GMT"),
+            ("set-cookie", "session=abc"),
+        ] {
+            headers.append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        let stored = stored_response(201, &headers, &[], b"{}");
+        let pairs: Vec<(&str, Vec<u8>)> = stored
+            .headers
+            .iter()
+            .map(|h| (h.name.as_str(), h.value_bytes()))
+            .collect();
         assert_eq!(
-            names,
+            pairs,
             [
-                "content-type",
-                "location",
-                "etag",
-                "x-declared",
-                "x-declared"
+                ("content-type", b"application/json".to_vec()),
+                ("location", b"/things/1".to_vec()),
+                ("x-multi", b"a".to_vec()),
+                ("x-multi", b"b".to_vec()),
+                ("x-other", b"kept".to_vec()),
+                ("etag", b"\"caf\xe9\"".to_vec()),
             ]
-        );
-        assert_eq!(
-            stored.headers[2].value_bytes(),
-            b"\"caf\xe9\"",
-            "non-ASCII survives"
         );
         assert_eq!(
             (stored.status, stored.body.as_slice()),
             (201, b"{}".as_slice())
         );
+
+        // Declaring a per-response header stores it; declaring a hop-by-hop
+        // one does not.
+        let declared = [header::SET_COOKIE, header::CONNECTION];
+        let stored = stored_response(201, &headers, &declared, b"{}");
+        let names: Vec<&str> = stored.headers.iter().map(|h| h.name.as_str()).collect();
+        assert!(names.contains(&"set-cookie"), "{names:?}");
+        assert!(!names.contains(&"connection"), "{names:?}");
+        assert!(!names.contains(&"date"), "{names:?}");
     }
 
     #[test]

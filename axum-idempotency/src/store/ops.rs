@@ -501,11 +501,13 @@ macro_rules! ops {
 }
 
 /// The operations on a SQLite connection.
+#[cfg(feature = "sqlite")]
 pub(crate) mod sqlite {
     ops!(sqlx::SqliteConnection);
 }
 
 /// The operations on a PostgreSQL connection.
+#[cfg(feature = "postgres")]
 pub(crate) mod pg {
     ops!(sqlx::PgConnection);
 

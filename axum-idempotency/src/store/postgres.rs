@@ -13,12 +13,14 @@
 //! Several processes may migrate at once: [`crate::migrate`] serialises them
 //! with an advisory lock.
 
+use std::str::FromStr;
 use std::time::Duration;
 
 use idem_spec::Fingerprint;
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Transaction};
 
+use super::StoreOptions;
 use super::ops::{self, StagedJob};
 use super::{
     AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
@@ -59,13 +61,29 @@ impl PgStore {
         &self.pool
     }
 
+    /// Opens a pool on `url` (`postgres://...`) with the settings this
+    /// library is tested with: [`PgStore::pool_options`] sized
+    /// `options.max_connections`, and a server-side `statement_timeout` of
+    /// `options.statement_timeout` on every connection. The recommended way
+    /// to get a store. It does not migrate: call [`PgStore::migrate`].
+    pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self> {
+        let statement_ms = options.statement_timeout.as_millis().max(1);
+        let connect =
+            PgConnectOptions::from_str(url)?.options([("statement_timeout", statement_ms)]);
+        let pool = Self::pool_options(options.acquire_timeout)
+            .max_connections(options.max_connections.max(1))
+            .connect_with(connect)
+            .await?;
+        Ok(Self::new(pool))
+    }
+
     /// The pool settings this library is tested with: a connection within
     /// `acquire_timeout` or `503` (clause `idem.store.fail-closed`); idle
     /// connections tested before use, so connections that died with the
     /// server are dropped at once when it is back instead of failing a
     /// request each; a connection handed back inside a transaction retired.
-    /// Add a `statement_timeout` to the connect options (as
-    /// [`Store::connect_with`](super::Store::connect_with) does).
+    /// [`PgStore::connect`] applies them and a `statement_timeout`; add one
+    /// to your connect options if you build the pool yourself.
     pub fn pool_options(acquire_timeout: Duration) -> PgPoolOptions {
         PgPoolOptions::new()
             .acquire_timeout(acquire_timeout)

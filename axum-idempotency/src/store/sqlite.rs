@@ -49,6 +49,7 @@ use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use super::StoreOptions;
 use super::ops::{self, StagedJob};
 use super::{
     AbandonedKey, ClaimOutcome, ClaimRequest, Claimed, FencedWrite, KeyRecord, KeyStore, Observed,
@@ -121,11 +122,41 @@ impl SqliteStore {
         }
     }
 
+    /// Opens (creating it if missing) the SQLite file at `path` with the
+    /// settings this library is tested with and [`StoreOptions::default`]:
+    /// the recommended way to get a store. The same as
+    /// [`SqliteStore::connect`] with `sqlite://PATH`. It does not migrate:
+    /// call [`SqliteStore::migrate`].
+    pub async fn open(path: impl AsRef<std::path::Path>) -> Result<Self> {
+        let connect = Self::tuned(SqliteConnectOptions::new().filename(path));
+        Self::connect_pool(connect, &StoreOptions::default()).await
+    }
+
+    /// Opens a pool on `url` (`sqlite://PATH`, created if missing, or
+    /// `sqlite::memory:`) with both halves of the tested setup:
+    /// [`SqliteStore::recommended_options`] for each connection (with
+    /// `options.acquire_timeout` as the busy timeout) and
+    /// [`SqliteStore::pool_options`] for the pool, sized
+    /// `options.max_connections`. Build the pool yourself from those two
+    /// only when you need a setting they do not cover.
+    pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self> {
+        Self::connect_pool(Self::recommended_options(url)?, options).await
+    }
+
+    async fn connect_pool(connect: SqliteConnectOptions, options: &StoreOptions) -> Result<Self> {
+        let pool = Self::pool_options(options.acquire_timeout)
+            .max_connections(options.max_connections.max(1))
+            .connect_with(connect.busy_timeout(options.acquire_timeout))
+            .await?;
+        Ok(Self::new(pool))
+    }
+
     /// The pool settings this library is tested with: connections are
     /// acquired within `acquire_timeout`, and one handed back inside a
     /// transaction (its commit or rollback failed, e.g. on a full disk) is
-    /// closed instead of reused. Build your pool from these (then set
-    /// `max_connections`), or add the same hooks to yours.
+    /// closed instead of reused. [`SqliteStore::connect`] and
+    /// [`SqliteStore::open`] apply them; to build your own pool, start from
+    /// these (then set `max_connections`) or add the same hooks to yours.
     pub fn pool_options(acquire_timeout: Duration) -> SqlitePoolOptions {
         SqlitePoolOptions::new()
             .acquire_timeout(acquire_timeout)
@@ -158,13 +189,18 @@ impl SqliteStore {
     /// [`DEFAULT_ACQUIRE_TIMEOUT`](super::DEFAULT_ACQUIRE_TIMEOUT) (another
     /// process holding the write lock longer is answered 503), foreign keys
     /// on. `url` is `sqlite://PATH` or `sqlite::memory:`.
+    /// [`SqliteStore::connect`] applies them.
     pub fn recommended_options(url: &str) -> Result<SqliteConnectOptions> {
-        Ok(SqliteConnectOptions::from_str(url)?
+        Ok(Self::tuned(SqliteConnectOptions::from_str(url)?))
+    }
+
+    fn tuned(options: SqliteConnectOptions) -> SqliteConnectOptions {
+        options
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(super::DEFAULT_ACQUIRE_TIMEOUT)
-            .foreign_keys(true))
+            .foreign_keys(true)
     }
 
     async fn read(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Sqlite>> {

@@ -1,15 +1,18 @@
-//! One idempotent endpoint on a fresh axum app and its own SQLite pool.
+//! One idempotent endpoint on a fresh axum app and its own SQLite file.
 //! Test: `cargo test -p example-idempotent-notes`; run: `cargo run -p example-idempotent-notes`.
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::Request;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router, http::StatusCode, routing::post};
 use axum_idempotency::clock::SystemClock;
+use axum_idempotency::engine::{ContractFingerprint, FingerprintPolicy};
 use axum_idempotency::{Caller, Engine, EngineConfig, IdemTx, IdempotencyLayer, SqliteStore};
+use axum_idempotency::{Fingerprint, reaper};
 use serde::{Deserialize, Serialize};
-use sqlx::SqlitePool;
 
 #[derive(Deserialize)]
 struct NewNote {
@@ -50,18 +53,54 @@ async fn auth(mut req: Request, next: Next) -> Response {
     }
 }
 
-/// The app on `pool`: migrates (the key table beside `notes`) and routes.
-pub async fn app(pool: SqlitePool) -> Result<Router, axum_idempotency::Error> {
-    let store = SqliteStore::new(pool.clone());
+/// What counts as the same request: the contract's fingerprint, but without
+/// `sent_at`, a field our clients set to the time of each attempt. A retry
+/// whose `sent_at` changed is still the same note (replayed, not a 409).
+#[derive(Debug)]
+struct IgnoreSentAt;
+
+impl FingerprintPolicy for IgnoreSentAt {
+    fn fingerprint(&self, method: &str, path: &str, ct: Option<&str>, body: &[u8]) -> Fingerprint {
+        let mut json: serde_json::Value = match serde_json::from_slice(body) {
+            Ok(json) => json,
+            Err(_) => return ContractFingerprint.fingerprint(method, path, ct, body),
+        };
+        if let Some(fields) = json.as_object_mut() {
+            fields.remove("sent_at");
+        }
+        let body = serde_json::to_vec(&json).unwrap_or_else(|_| body.to_vec());
+        ContractFingerprint.fingerprint(method, path, ct, &body)
+    }
+}
+
+/// The app on `store`: migrates (the key table beside `notes`) and routes.
+pub async fn app(store: SqliteStore) -> Result<Router, axum_idempotency::Error> {
     store.migrate().await?;
     sqlx::query("CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, owner TEXT, text TEXT)")
-        .execute(&pool)
+        .execute(store.pool())
         .await?;
-    let engine = Engine::new(store, Arc::new(SystemClock), EngineConfig::default());
+    let config = EngineConfig {
+        fingerprint: Arc::new(IgnoreSentAt),
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(store, Arc::new(SystemClock), config);
     Ok(Router::new()
         .route(
             "/notes",
             post(create_note).layer(IdempotencyLayer::new(engine)),
         )
         .layer(middleware::from_fn(auth)))
+}
+
+/// The whole app on the SQLite file at `path` (created if missing, WAL):
+/// the router, and the reaper deleting keys past retention every
+/// `reap_every` (hourly is plenty) for as long as the runtime runs.
+pub async fn open(path: &Path, reap_every: Duration) -> Result<Router, axum_idempotency::Error> {
+    let store = SqliteStore::open(path).await?;
+    tokio::spawn(reaper::run(
+        store.clone(),
+        Arc::new(SystemClock),
+        reap_every,
+    ));
+    app(store).await
 }

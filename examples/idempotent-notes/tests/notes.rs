@@ -2,16 +2,45 @@
 //! the first answer back; a different request under the key is refused.
 #![allow(clippy::unwrap_used)]
 
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use tower::ServiceExt;
 
 fn post(key: &str, text: &str) -> Request<Body> {
+    post_json(key, format!(r#"{{"text":"{text}"}}"#))
+}
+
+fn post_json(key: &str, json: String) -> Request<Body> {
     Request::post("/notes")
         .header("x-user", "ann")
         .header("idempotency-key", key)
         .header("content-type", "application/json")
-        .body(Body::from(format!(r#"{{"text":"{text}"}}"#)))
+        .body(Body::from(json))
+        .unwrap()
+}
+
+/// A fresh SQLite file for one test (removed first, with its WAL files).
+fn fresh_file(name: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("notes-{}-{name}.db", std::process::id()));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    path
+}
+
+/// A second pool on the app's file, for the test's own reads and writes.
+async fn pool_on(path: &Path) -> sqlx::SqlitePool {
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(path);
+    sqlx::SqlitePool::connect_with(options).await.unwrap()
+}
+
+async fn count(pool: &sqlx::SqlitePool, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(pool)
+        .await
         .unwrap()
 }
 
@@ -31,8 +60,11 @@ async fn send(app: &axum::Router, req: Request<Body>) -> (StatusCode, Option<Str
 // clause: idem.replay.verbatim, idem.replay.marker, idem.fingerprint.mismatch
 #[tokio::test]
 async fn a_retried_post_makes_one_note() {
-    let pool = sqlx::SqlitePool::connect("sqlite::memory:").await.unwrap();
-    let app = example_idempotent_notes::app(pool.clone()).await.unwrap();
+    let path = fresh_file("retried");
+    let app = example_idempotent_notes::open(&path, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let pool = pool_on(&path).await;
 
     let (status, replayed, first) = send(&app, post("k1", "hi")).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, None));
@@ -50,11 +82,15 @@ async fn a_retried_post_makes_one_note() {
     let (status, _, _) = send(&app, post("k2", "hi")).await;
     assert_eq!(status, StatusCode::CREATED, "a new key is a new note");
 
-    let notes: i64 = sqlx::query_scalar("SELECT count(*) FROM notes")
+    assert_eq!(count(&pool, "notes").await, 2);
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(notes, 2);
+    assert_eq!(
+        mode, "wal",
+        "the file is in WAL mode, as SqliteStore::open sets"
+    );
     let missing = Request::post("/notes")
         .header("x-user", "ann")
         .body(Body::empty())
@@ -64,4 +100,61 @@ async fn a_retried_post_makes_one_note() {
         StatusCode::BAD_REQUEST,
         "no key"
     );
+}
+
+// clause: idem.fingerprint.inputs, idem.fingerprint.mismatch
+#[tokio::test]
+async fn a_retry_whose_sent_at_changed_is_the_same_note() {
+    let path = fresh_file("sent-at");
+    let app = example_idempotent_notes::open(&path, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    let at = |t: &str| format!(r#"{{"text":"hi","sent_at":"{t}"}}"#);
+    let (status, replayed, first) = send(&app, post_json("k", at("10:00:00"))).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, None));
+    let (status, replayed, again) = send(&app, post_json("k", at("10:00:05"))).await;
+    assert_eq!(
+        (status, replayed.as_deref()),
+        (StatusCode::CREATED, Some("true")),
+        "sent_at is left out of the fingerprint"
+    );
+    assert_eq!(again, first);
+    let (status, _, _) = send(
+        &app,
+        post_json("k", r#"{"text":"bye","sent_at":"10:00:05"}"#.into()),
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "every other field still counts"
+    );
+    assert_eq!(count(&pool_on(&path).await, "notes").await, 1);
+}
+
+// clause: idem.window.retention
+#[tokio::test]
+async fn the_app_runs_the_reaper() {
+    let path = fresh_file("reaper");
+    let app = example_idempotent_notes::open(&path, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(send(&app, post("k", "hi")).await.0, StatusCode::CREATED);
+    let pool = pool_on(&path).await;
+    assert_eq!(count(&pool, "idempotency_keys").await, 1);
+    // The key's retention ends now; the reaper's next pass (at most 1 s
+    // away) deletes it. Bounded: 10 s.
+    sqlx::query("UPDATE idempotency_keys SET expires_at = 0")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&pool, "idempotency_keys").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the reaper did not delete the expired key"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(count(&pool, "notes").await, 1, "the note itself stays");
 }
