@@ -27,6 +27,7 @@
 pub mod baseline;
 pub mod child;
 pub mod load;
+pub mod minimal;
 pub mod pg;
 pub mod procfs;
 pub mod report;
