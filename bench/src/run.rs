@@ -1247,9 +1247,9 @@ async fn effects(dbs: &Dbs, url: &str, prefix: &str) -> Result<(u64, u64)> {
 }
 
 /// Where the minimal app's time goes: a fresh app with `--stage-times` on
-/// its own database, a fixed number of requests per layered scenario (and
-/// the layer-less ones, for the handler's own time) at c = 1 and at the
-/// first ratio concurrency, untimed otherwise; the span totals are read
+/// its own database, a fixed number of requests per minimal scenario (the
+/// layer-less ones show the handler's own time) at c = 1 and at the first
+/// ratio concurrency above 1, untimed otherwise; the span totals are read
 /// from `GET /_bench/stages` before and after.
 async fn stage_passes(
     cfg: &Config,
@@ -1271,7 +1271,7 @@ async fn stage_passes(
     .await?;
     let mut out = Vec::new();
     let mut levels = vec![1];
-    if let Some(&c) = cfg.ratio_concurrencies.first().filter(|&&c| c > 1) {
+    if let Some(&c) = cfg.ratio_concurrencies.iter().find(|&&c| c > 1) {
         levels.push(c);
     }
     for (i, &c) in levels.iter().enumerate() {
