@@ -264,14 +264,22 @@ pub fn markdown(r: &BenchResult) -> String {
             );
         }
     }
-    // Where a request's statements go, at the first ratio concurrency.
+    // Where a request's statements go, at the first ratio concurrency
+    // (scenarios that did not run are skipped).
     if let (Some(pg), Some(&c)) = (
         r.stores
             .iter()
             .find(|s| s.store == crate::run::StoreKind::Postgres && s.skipped.is_none()),
         cfg.ratio_concurrencies.first(),
     ) {
-        for scenario in [Scenario::First, Scenario::Baseline, Scenario::Payments] {
+        for scenario in [
+            Scenario::First,
+            Scenario::Baseline,
+            Scenario::Payments,
+            Scenario::MinWrite,
+            Scenario::MinWritePlain,
+            Scenario::MinNone,
+        ] {
             let Some(cell) = pg.cell(scenario, c) else {
                 continue;
             };
