@@ -1,6 +1,6 @@
 //! # idem-bench: what the idempotency layer costs
 //!
-//! The benchmark of issue 13. `cargo run --release -p idem-bench` builds
+//! The benchmarks of issues 13 and 19. `cargo run --release -p idem-bench` builds
 //! `idem-server` and `idem-fake-processor` (release), and for SQLite (a
 //! temp file) and PostgreSQL (a throwaway cluster) starts them as child
 //! processes with a baseline server, drives them with a closed-loop load
@@ -14,11 +14,18 @@
 //! - `baseline`: `/v1/transfers` without a key on the baseline server,
 //!   the same handler and writes without the layer ([`baseline`]);
 //! - `payments`: `/v1/payments` (multi-step, through the fake processor);
-//! - `processor`: the fake processor's `POST /charges` alone.
+//! - `processor`: the fake processor's `POST /charges` alone;
+//! - `min-write`, `min-write-plain`, `min-none`, `min-none-plain`: the
+//!   [`minimal`] app (the library wired as its README says), a handler that
+//!   writes one row or nothing, with and without the layer;
+//!
+//! plus the timed concurrency scenario (150 first executions whose handler
+//! spends 200 ms before its write, all at once) and the minimal app's
+//! per-stage times (`--scenarios` picks any of these).
 //!
 //! Modules: [`load`] the load generator; [`child`] child processes and
-//! binaries; [`baseline`] the layer-less server; [`pg`] the throwaway
-//! cluster and its counters; [`sqlite_wal`] commits counted in SQLite's
+//! binaries; [`baseline`] the layer-less server; [`minimal`] the minimal
+//! app; [`pg`] the throwaway cluster and its counters; [`sqlite_wal`] commits counted in SQLite's
 //! WAL; [`procfs`] CPU and memory from `/proc`; [`mod@run`] one run;
 //! [`report`] targets and Markdown. Linux only (`/proc`).
 //!
@@ -27,6 +34,7 @@
 pub mod baseline;
 pub mod child;
 pub mod load;
+pub mod minimal;
 pub mod pg;
 pub mod procfs;
 pub mod report;

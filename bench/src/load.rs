@@ -160,6 +160,32 @@ async fn connect(addr: SocketAddr) -> Result<Sender, String> {
     Ok(sender)
 }
 
+/// `GET path` on a fresh connection, bounded by 10 s: the body of a 200.
+pub async fn get(addr: SocketAddr, path: &str) -> Result<Bytes, String> {
+    let fetch = async {
+        let mut s = connect(addr).await?;
+        let req = Request::get(path)
+            .header(hyper::header::HOST, addr.to_string())
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| e.to_string())?;
+        let resp = s.send_request(req).await.map_err(|e| e.to_string())?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        if status != hyper::StatusCode::OK {
+            return Err(format!("{path} answered {status}"));
+        }
+        Ok(body)
+    };
+    tokio::time::timeout(Duration::from_secs(10), fetch)
+        .await
+        .map_err(|_| format!("{path}: no answer within 10 s"))?
+}
+
 async fn worker(w: usize, load: &Load, deadline: Instant, budget: &AtomicU64) -> Worker {
     let mut out = Worker {
         ok: 0,

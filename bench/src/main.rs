@@ -34,6 +34,12 @@ struct Cli {
     /// transfer contend for the same two account rows).
     #[arg(long)]
     callers: Option<usize>,
+    /// What to run, comma-separated: all (default), transfers, payments,
+    /// minimal, concurrent, stages, or single scenarios (first, replay,
+    /// baseline, payments, processor, min-write, min-write-plain,
+    /// min-none, min-none-plain).
+    #[arg(long, value_delimiter = ',')]
+    scenarios: Option<Vec<String>>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -45,6 +51,14 @@ enum Command {
     #[command(hide = true)]
     ServeBaseline {
         /// idem-server flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Serve the minimal app (issue 19: the library wired as its README
+    /// says, routes with and without the layer); ARGS: see `minimal::MinimalArgs`.
+    #[command(hide = true)]
+    ServeMinimal {
+        /// serve-minimal flags.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -61,6 +75,34 @@ fn parse_store(s: &str) -> Result<StoreKind, String> {
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let rt = tokio::runtime::Runtime::new()?;
+    if let Some(Command::ServeMinimal { args }) = cli.command {
+        use tracing_subscriber::Layer as _;
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        let args = idem_bench::minimal::MinimalArgs::try_parse_from(
+            std::iter::once("serve-minimal".to_owned()).chain(args),
+        )?;
+        let log = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .with_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn")),
+            );
+        let stages = args
+            .stage_times
+            .then(idem_bench::minimal::StageTimes::default);
+        tracing_subscriber::registry()
+            .with(log)
+            .with(
+                stages
+                    .clone()
+                    .map(|s| s.with_filter(idem_bench::minimal::StageTimes::filter())),
+            )
+            .init();
+        rt.block_on(idem_bench::minimal::serve(args, stages))?;
+        return Ok(());
+    }
     if let Some(Command::ServeBaseline { args }) = cli.command {
         // The same logging as idem-server's main.
         tracing_subscriber::fmt()
@@ -80,6 +122,9 @@ fn main() -> anyhow::Result<()> {
     } else {
         Config::full(exe)
     };
+    if let Some(names) = &cli.scenarios {
+        idem_bench::run::select(&mut cfg, names).map_err(anyhow::Error::msg)?;
+    }
     if let Some(s) = cli.stores {
         cfg.stores = s;
     }

@@ -20,6 +20,7 @@ fn tiny() -> Config {
     cfg.count_requests = 40;
     cfg.callers = 4;
     cfg.replay_keys_per_caller = 4;
+    cfg.concurrent_requests = 40;
     // PostgreSQL runs in a throwaway cluster of its own; like every
     // PostgreSQL test here it runs when IDEM_TEST_DATABASE_URL says the
     // machine has PostgreSQL.
@@ -34,15 +35,20 @@ fn tiny() -> Config {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tiny_run_has_every_cell_and_sane_counters() {
-    let cfg = tiny();
+    let mut cfg = tiny();
+    // The servers' scenarios (issue 13); the minimal app has its own test.
+    idem_bench::run::select(&mut cfg, &["transfers".into(), "payments".into()]).unwrap();
     let result = idem_bench::run(&cfg, &|line: &str| eprintln!("{line}"))
         .await
         .unwrap();
     assert_eq!(result.stores.len(), cfg.stores.len());
     for s in &result.stores {
         assert_eq!(s.skipped, None, "{} was skipped", s.store);
-        assert_eq!(s.cells.len(), Scenario::ALL.len() * cfg.concurrencies.len());
-        for scenario in Scenario::ALL {
+        assert_eq!(
+            s.cells.len(),
+            Scenario::SERVER.len() * cfg.concurrencies.len()
+        );
+        for scenario in Scenario::SERVER {
             for &c in &cfg.concurrencies {
                 let cell = s
                     .cell(scenario, c)
@@ -137,4 +143,103 @@ async fn a_tiny_run_has_every_cell_and_sane_counters() {
     let text = std::fs::read_to_string(md).unwrap();
     assert!(text.contains("first / baseline") && text.contains("| SQLite | replay |"));
     std::fs::remove_dir_all(dir).ok();
+}
+
+/// The minimal app (issue 19) end to end in a tiny configuration: its four
+/// cells answer as expected, the layer adds statements and a write-nothing
+/// request without it commits nothing, the concurrency scenario's requests
+/// all get 201 with exactly one row each, and the stage pass sees one
+/// request span and one handler span per request. No timing is asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_minimal_app_answers_every_route_with_one_effect_each() {
+    let mut cfg = tiny();
+    idem_bench::run::select(&mut cfg, &["minimal".into(), "concurrent".into()]).unwrap();
+    assert!(!cfg.needs_servers() && cfg.concurrent && cfg.stages);
+    let result = idem_bench::run(&cfg, &|line: &str| eprintln!("{line}"))
+        .await
+        .unwrap();
+    for s in &result.stores {
+        assert_eq!(s.skipped, None, "{} was skipped", s.store);
+        assert_eq!(
+            s.cells.len(),
+            Scenario::MINIMAL.len() * cfg.concurrencies.len()
+        );
+        for cell in &s.cells {
+            assert!(cell.scenario.is_minimal());
+            assert!(cell.requests > 0, "{} {:?}", s.store, cell.scenario);
+            assert_eq!(
+                cell.errors, 0,
+                "{} {:?}: {:?}",
+                s.store, cell.scenario, cell.rounds[0].load.first_error
+            );
+        }
+        let per = |scenario, what: fn(&idem_bench::run::PerRequest) -> Option<f64>| {
+            let v: Vec<f64> = cfg
+                .concurrencies
+                .iter()
+                .map(|&c| what(&s.cell(scenario, c).unwrap().per_request).unwrap())
+                .collect();
+            v.iter().sum::<f64>() / v.len() as f64
+        };
+        let commits = |scenario| per(scenario, |p| p.commits);
+        let statements = |scenario| per(scenario, |p| p.statements);
+        // One row with or without the layer is one write transaction; with
+        // the layer the stored answer commits with it. Nothing written and
+        // no layer: no transaction at all.
+        for scenario in [
+            Scenario::MinWrite,
+            Scenario::MinWritePlain,
+            Scenario::MinNone,
+        ] {
+            let k = commits(scenario);
+            assert!((0.95..1.5).contains(&k), "{} {scenario:?}: {k}", s.store);
+        }
+        assert!(commits(Scenario::MinNonePlain) < 0.05, "{}", s.store);
+        assert!(statements(Scenario::MinNonePlain) < 0.05, "{}", s.store);
+        assert!(statements(Scenario::MinWritePlain) >= 0.95, "{}", s.store);
+        assert!(
+            statements(Scenario::MinWrite) > statements(Scenario::MinWritePlain),
+            "{}",
+            s.store
+        );
+        // Both concurrency runs: every request created its one row.
+        assert_eq!(s.concurrent.len(), 2);
+        for r in &s.concurrent {
+            let n = cfg.concurrent_requests as u64;
+            assert_eq!(
+                (r.created, r.errors, r.effects, r.distinct_effects),
+                (n, 0, n, n),
+                "{} layer {}: {:?}",
+                s.store,
+                r.layer,
+                r.first_error
+            );
+        }
+        // Stage pass: each scenario at c = 1 and at the first ratio
+        // concurrency, one request span and one handler span per request.
+        assert_eq!(s.stages.len(), 2 * Scenario::MINIMAL.len());
+        for p in &s.stages {
+            for name in ["minimal.request", "minimal.handler"] {
+                let st = p
+                    .stages
+                    .iter()
+                    .find(|x| x.name == name)
+                    .unwrap_or_else(|| panic!("{} {:?}: no {name}", s.store, p.scenario));
+                assert!(
+                    (st.per_request - 1.0).abs() < 1e-9,
+                    "{} {:?} {name}: {}",
+                    s.store,
+                    p.scenario,
+                    st.per_request
+                );
+                assert!(st.wall_us >= st.busy_us && st.busy_us > 0.0);
+            }
+        }
+    }
+    // Targets: the write pair at each ratio concurrency (PASS or MISS), the
+    // writes-nothing pair (reported), the concurrency scenario.
+    let expected = cfg.stores.len() * (2 * cfg.ratio_concurrencies.len() + 1);
+    assert_eq!(result.targets.len(), expected);
+    let md = idem_bench::report::markdown(&result);
+    assert!(md.contains("| SQLite | min-write | 1 |") && md.contains("minimal.handler"));
 }
