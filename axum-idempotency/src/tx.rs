@@ -14,7 +14,7 @@ use crate::store::KeyStore;
 /// The transaction of the request's claim, which the endpoint's writes join.
 ///
 /// Extract it in the handler and [`lock`](IdemTx::lock) it for the
-/// transaction: a `sqlx::Transaction<'static, Postgres>` for [`PgStore`],
+/// transaction: a [`PgTx`] for [`PgStore`],
 /// a [`SqliteTx`] for [`SqliteStore`] (both deref to the connection: run
 /// queries on `&mut **tx`), a [`DbTx`] for [`Store`] (use
 /// [`with_conn!`](crate::with_conn)). Never commit it yourself: the engine
@@ -35,6 +35,7 @@ use crate::store::KeyStore;
 /// commits on its own.
 ///
 /// [`PgStore`]: crate::PgStore
+/// [`PgTx`]: crate::store::PgTx
 /// [`SqliteStore`]: crate::SqliteStore
 /// [`SqliteTx`]: crate::store::SqliteTx
 /// [`Store`]: crate::Store

@@ -35,7 +35,7 @@ pub enum DbTx {
     /// SQLite (`BEGIN IMMEDIATE`, holding the writer permit).
     Sqlite(SqliteTx),
     /// PostgreSQL (READ COMMITTED).
-    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    Postgres(super::postgres::PgTx),
 }
 
 /// A borrowed connection of either backend; see [`with_conn!`](crate::with_conn).

@@ -165,7 +165,7 @@ use crate::key::{Fence, KeyId};
 pub use either::{DbConn, DbTx, Store};
 pub use options::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, StoreOptions};
 #[cfg(feature = "postgres")]
-pub use postgres::PgStore;
+pub use postgres::{PgStore, PgTx};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteTx};
 

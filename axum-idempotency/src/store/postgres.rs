@@ -31,11 +31,54 @@ use crate::error::Result;
 use crate::key::{Fence, KeyId};
 use crate::metrics::Stage;
 
-/// A [`KeyStore`] on a `PgPool`. Its transactions are plain
-/// `sqlx::Transaction<'static, Postgres>`: run queries on `&mut **tx`.
+/// A [`KeyStore`] on a `PgPool`. Its transactions are [`PgTx`]: run
+/// queries on `&mut **tx`.
 #[derive(Debug, Clone)]
 pub struct PgStore {
     pool: PgPool,
+}
+
+/// A PostgreSQL write transaction (READ COMMITTED). Derefs to the
+/// connection: run queries on `&mut *tx` (`&mut **tx` through an
+/// [`IdemTx`](crate::IdemTx) guard).
+///
+/// Why a type of its own rather than `sqlx::Transaction` itself: a handler
+/// that held an `IdemTx` guard over a bare `sqlx::Transaction<'static,
+/// Postgres>` across a query failed axum's handler check ("higher-ranked
+/// lifetime error": the guard derefs through the driver's generic
+/// connection type); deref'ing straight to `PgConnection` compiles, as
+/// [`SqliteTx`](super::SqliteTx) always did.
+#[derive(Debug)]
+pub struct PgTx(Transaction<'static, Postgres>);
+
+impl PgTx {
+    /// Wraps a transaction the application opened itself.
+    pub fn from_transaction(tx: Transaction<'static, Postgres>) -> Self {
+        Self(tx)
+    }
+
+    /// Commits.
+    pub async fn commit(self) -> Result<()> {
+        Ok(self.0.commit().await?)
+    }
+
+    /// Rolls back.
+    pub async fn rollback(self) -> Result<()> {
+        Ok(self.0.rollback().await?)
+    }
+}
+
+impl std::ops::Deref for PgTx {
+    type Target = sqlx::PgConnection;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for PgTx {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
 }
 
 /// A transaction-scoped advisory lock on (schema, caller, key). Without it,
@@ -113,18 +156,18 @@ impl PgStore {
 }
 
 impl KeyStore for PgStore {
-    type Tx = Transaction<'static, Postgres>;
+    type Tx = PgTx;
 
     async fn begin(&self) -> Result<Self::Tx> {
-        Ok(self.pool.begin().await?)
+        Ok(PgTx(self.pool.begin().await?))
     }
 
     async fn commit(&self, tx: Self::Tx) -> Result<()> {
-        Ok(tx.commit().await?)
+        tx.commit().await
     }
 
     async fn rollback(&self, tx: Self::Tx) -> Result<()> {
-        Ok(tx.rollback().await?)
+        tx.rollback().await
     }
 
     async fn lookup(&self, id: &KeyId) -> Result<Option<KeyRecord>> {

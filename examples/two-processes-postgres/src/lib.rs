@@ -29,11 +29,10 @@ struct Order {
 
 /// Written as if duplicates did not exist: every write goes through `tx`.
 ///
-/// On `IdemTx<Store>` with `with_conn!`, not `IdemTx<PgStore>`: a handler
-/// running a query on `IdemTx<PgStore>`'s transaction currently fails
-/// axum's `Send` check ("implementation of `Send` is not general enough"),
-/// which is an open issue of the library, so this app enables both store
-/// features and opens its `postgres://` URL with `Store`.
+/// On `IdemTx<Store>` with `with_conn!`, so the same app serves a
+/// `sqlite://` URL too; an app on PostgreSQL alone takes `IdemTx<PgStore>`
+/// and runs its queries on `&mut **tx` (`axum-idempotency`'s
+/// `tests/pg_handler.rs`).
 async fn create_order(
     tx: IdemTx<Store>,
     caller: Caller,
