@@ -52,8 +52,13 @@ use crate::error::{Error, Result};
 pub const FAILPOINT_HEADER: &str = "idem-failpoint";
 
 /// The generic point every idempotent endpoint passes once its key is
-/// claimed and before the endpoint runs (`RecoveryPoint::STARTED`).
-pub const STARTED: &str = "started";
+/// claimed and before the endpoint runs: the recovery point `started`,
+/// named once, in the spec.
+pub const STARTED: &str = idem_spec::RecoveryPoint::STARTED;
+
+/// The generic point around the commit of a final response: the recovery
+/// point `finished`.
+pub const FINISHED: &str = idem_spec::RecoveryPoint::FINISHED;
 
 /// What an armed failpoint does when reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

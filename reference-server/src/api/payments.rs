@@ -228,14 +228,28 @@ fn new_payment(p: &Phase<'_, Store>) -> Result<NewPayment> {
     super::json::parse(&request.body)
 }
 
+/// A payment's recovery points and failpoint names, named once: the phase
+/// table matches on them, the phases commit them, and tests arm failpoints
+/// by these names (`Idem-Failpoint: crash-after=charge_created`).
+pub mod point {
+    /// Key claimed, nothing committed: the first phase inserts the payment.
+    pub const STARTED: &str = axum_idempotency::RecoveryPoint::STARTED;
+    /// The payment row is committed; the charge is next.
+    pub const PAYMENT_CREATED: &str = "payment_created";
+    /// The processor's charge is recorded; the final response is next.
+    pub const CHARGE_CREATED: &str = "charge_created";
+    /// The failpoint around the processor call (`before=`/`after=`).
+    pub const CHARGE_CALL: &str = "charge-call";
+}
+
 impl MultiStep<Store> for Payments {
     type Error = Error;
 
     async fn phase(&self, from: &RecoveryPoint, p: &mut Phase<'_, Store>) -> Result<Next> {
         match from.as_str() {
-            "started" => insert_payment(p).await,
-            "payment_created" => self.charge(p).await,
-            "charge_created" => finish(p).await,
+            point::STARTED => insert_payment(p).await,
+            point::PAYMENT_CREATED => self.charge(p).await,
+            point::CHARGE_CREATED => finish(p).await,
             other => Err(Error::Internal(format!(
                 "payments have no phase starting at {other:?}"
             ))),
@@ -276,7 +290,7 @@ async fn insert_payment(p: &mut Phase<'_, Store>) -> Result<Next> {
         .execute(&mut *c)
         .await?;
     });
-    Ok(Next::Commit("payment_created"))
+    Ok(Next::Commit(point::PAYMENT_CREATED))
 }
 
 impl Payments {
@@ -300,7 +314,7 @@ impl Payments {
             .await?;
         });
         p.commit_intent().await?;
-        p.failpoint(Position::Before, "charge-call").await;
+        p.failpoint(Position::Before, point::CHARGE_CALL).await;
         let charge = ChargeRequest {
             amount: req.amount,
             currency: req.currency.to_ascii_lowercase(),
@@ -308,7 +322,7 @@ impl Payments {
             description: Some(format!("idemkit payment {id}")),
         };
         let outcome = self.processor.charge(&outbound, &charge).await;
-        p.failpoint(Position::After, "charge-call").await;
+        p.failpoint(Position::After, point::CHARGE_CALL).await;
         let outcome = match outcome {
             Ok(o) => o,
             Err(e) => {
@@ -337,7 +351,7 @@ impl Payments {
                     .execute(&mut *c)
                     .await?;
                 });
-                Ok(Next::Commit("charge_created"))
+                Ok(Next::Commit(point::CHARGE_CREATED))
             }
             ChargeOutcome::Declined(charge) => {
                 let code = charge.failure_code.clone().unwrap_or_default();
