@@ -138,7 +138,7 @@ pub mod edge {
     use axum::http::{HeaderName, Response, StatusCode};
     use axum::middleware::Next;
     use axum_idempotency::engine::{FingerprintPolicy, stored_response};
-    use axum_idempotency::store::{DbTx, KeyStore, SqliteTx};
+    use axum_idempotency::store::{DbTx, KeyStore, PgTx, SqliteTx};
     use axum_idempotency::{
         Caller, Fingerprint, IdemTx, IdempotencyKey, IdempotencyService, KeyId, Store, with_conn,
     };
@@ -368,7 +368,11 @@ pub mod edge {
                     .begin()
                     .await
                     .map(|t| DbTx::Sqlite(SqliteTx::from_transaction(t))),
-                Store::Postgres(s) => s.pool().begin().await.map(DbTx::Postgres),
+                Store::Postgres(s) => s
+                    .pool()
+                    .begin()
+                    .await
+                    .map(|tx| DbTx::Postgres(PgTx::from_transaction(tx))),
             };
             let Ok(tx) = tx else {
                 return StatusCode::INTERNAL_SERVER_ERROR.into_response_body();
