@@ -119,6 +119,14 @@ impl Endpoint {
     }
 }
 
+/// Serves one request (with `extra` headers) through `endpoint` on an
+/// engine over `store`.
+async fn serve(store: &Scripted, endpoint: &Endpoint, extra: &[(&str, &str)]) -> Response<Body> {
+    engine(store)
+        .handle(request(extra), endpoint.service(), &[])
+        .await
+}
+
 async fn body(response: Response<Body>) -> Vec<u8> {
     axum::body::to_bytes(response.into_body(), usize::MAX)
         .await
@@ -143,9 +151,7 @@ async fn a_deferred_transaction_opens_at_the_endpoints_first_write_and_commits_w
         s.finals.push_back(Some(1));
     });
     let endpoint = Endpoint::new(&store, true, StatusCode::CREATED);
-    let response = engine(&store)
-        .handle(request(&[]), endpoint.service(), &[])
-        .await;
+    let response = serve(&store, &endpoint, &[]).await;
     assert_eq!(response.status(), StatusCode::CREATED);
     assert_eq!(body(response).await, b"mine");
     assert_eq!(
@@ -172,9 +178,7 @@ async fn an_endpoint_that_writes_nothing_records_its_outcome_in_a_transaction_of
         s.finals.push_back(Some(1));
     });
     let endpoint = Endpoint::new(&store, false, StatusCode::UNPROCESSABLE_ENTITY);
-    let response = engine(&store)
-        .handle(request(&[]), endpoint.service(), &[])
-        .await;
+    let response = serve(&store, &endpoint, &[]).await;
     assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(
         log(&store),
@@ -202,9 +206,7 @@ async fn a_lost_final_write_rolls_back_and_answers_from_the_winners_record() {
         s.finals.push_back(None);
     });
     let endpoint = Endpoint::new(&store, true, StatusCode::CREATED);
-    let response = engine(&store)
-        .handle(request(&[]), endpoint.service(), &[])
-        .await;
+    let response = serve(&store, &endpoint, &[]).await;
     assert_eq!(response.status(), StatusCode::CREATED);
     assert_eq!(
         response
@@ -243,9 +245,7 @@ async fn a_loser_whose_winner_is_gone_again_answers_409_and_never_runs_twice() {
         s.single.push_back(Single::Open);
     });
     let endpoint = Endpoint::new(&store, true, StatusCode::CREATED);
-    let response = engine(&store)
-        .handle(request(&[]), endpoint.service(), &[])
-        .await;
+    let response = serve(&store, &endpoint, &[]).await;
     assert_eq!(response.status(), StatusCode::CONFLICT);
     assert!(response.headers().contains_key("retry-after"));
     assert_eq!(endpoint.runs.load(Ordering::SeqCst), 1, "ran once only");
@@ -268,9 +268,7 @@ async fn a_key_busy_elsewhere_is_answered_409_without_a_transaction() {
         });
     });
     let endpoint = Endpoint::new(&store, true, StatusCode::CREATED);
-    let response = engine(&store)
-        .handle(request(&[]), endpoint.service(), &[])
-        .await;
+    let response = serve(&store, &endpoint, &[]).await;
     assert_eq!(response.status(), StatusCode::CONFLICT);
     assert_eq!(endpoint.runs.load(Ordering::SeqCst), 0);
     assert_eq!(log(&store), ["observe"]);
@@ -285,9 +283,7 @@ async fn busy_at_the_claim_is_decided_at_once_without_observing_again() {
         s.single.push_back(Single::Busy);
     });
     let endpoint = Endpoint::new(&store, true, StatusCode::CREATED);
-    let response = engine(&store)
-        .handle(request(&[]), endpoint.service(), &[])
-        .await;
+    let response = serve(&store, &endpoint, &[]).await;
     assert_eq!(response.status(), StatusCode::CONFLICT);
     assert_eq!(endpoint.runs.load(Ordering::SeqCst), 0);
     assert_eq!(log(&store), ["observe", "begin_single"]);
@@ -304,9 +300,7 @@ async fn a_server_error_rolls_the_endpoints_writes_back_and_records_nothing() {
         });
     });
     let endpoint = Endpoint::new(&store, true, StatusCode::INTERNAL_SERVER_ERROR);
-    let response = engine(&store)
-        .handle(request(&[]), endpoint.service(), &[])
-        .await;
+    let response = serve(&store, &endpoint, &[]).await;
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(
         log(&store),
@@ -330,9 +324,7 @@ async fn a_waiting_duplicate_replays_once_the_key_completes_and_says_it_waited()
         });
     });
     let endpoint = Endpoint::new(&store, true, StatusCode::CREATED);
-    let response = engine(&store)
-        .handle(request(&[("prefer", "wait=5")]), endpoint.service(), &[])
-        .await;
+    let response = serve(&store, &endpoint, &[("prefer", "wait=5")]).await;
     assert_eq!(response.status(), StatusCode::CREATED);
     assert_eq!(
         response
