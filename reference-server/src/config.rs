@@ -17,6 +17,11 @@ use axum_idempotency::EngineConfig;
 use crate::error::{Error, Result};
 use crate::flaws::Flaws;
 
+/// The library's default completer grace, in the flag's unit (one number,
+/// defined by the library).
+const DEFAULT_COMPLETER_GRACE_MS: u64 =
+    axum_idempotency::engine::DEFAULT_COMPLETER_GRACE.as_millis() as u64;
+
 /// The demo callers served when no token is configured: two, so per-caller
 /// scoping can be seen with curl.
 pub const DEMO_TOKENS: [(&str, &str); 2] = [("demo-alice", "alice"), ("demo-bob", "bob")];
@@ -137,7 +142,7 @@ pub struct Cli {
     /// How long after a lease ends the completer leaves the key to its
     /// client's own retry (which the 409's Retry-After points at the lease's
     /// end), in milliseconds.
-    #[arg(long, default_value_t = 3000)]
+    #[arg(long, default_value_t = DEFAULT_COMPLETER_GRACE_MS)]
     pub completer_grace_ms: u64,
 
     /// Base URL of the payment processor POST /v1/payments calls
