@@ -299,6 +299,12 @@ impl<K: KeyStore> Engine<K> {
     /// would run in, with the key's lock); a multi-step one reads the
     /// record (its claim statement takes the lock).
     async fn observe(&self, id: &KeyId, phased: bool, now: Millis) -> Result<Observation<K::Tx>> {
+        // This process's holder first, the store second: a holder keeps its
+        // registry entry until its commit is visible, so a request that
+        // finds no holder here either reads that commit below or finds the
+        // key unclaimed. The other order let a holder commit and leave
+        // between the two looks, and the request ran the endpoint again.
+        let local = self.registry.entry(id);
         let (record, busy, tx) = if phased {
             (self.store.lookup(id).await?, false, None)
         } else {
@@ -308,7 +314,7 @@ impl<K: KeyStore> Engine<K> {
         Ok(Observation {
             record,
             busy,
-            local: self.registry.entry(id),
+            local,
             tx,
         })
     }
