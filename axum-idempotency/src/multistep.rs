@@ -15,12 +15,14 @@
 //!
 //! # Writing a multi-step endpoint
 //!
-//! Implement [`MultiStep`]: one `match` on the recovery point a phase
-//! starts from. Each arm does its work through the [`Phase`] and returns
-//! [`Next::Commit`] with the point it reached, or [`Next::Finish`] with the
-//! final response. The driver does the rest: claiming, fencing every
-//! commit, renewing the lease, storing the response, the failpoints,
-//! releasing the key on a transient failure, and replays.
+//! Implement [`MultiStep`]: name the endpoint's recovery points once, as
+//! an enum implementing [`Points`], then write one `match` on the point a
+//! phase starts from (the compiler checks every point has its phase). Each
+//! arm does its work through the [`Phase`] and returns [`Next::Commit`]
+//! with the point it reached, or [`Next::Finish`] with the final response.
+//! The driver does the rest: claiming, fencing every commit, renewing the
+//! lease, storing the response, the failpoints, releasing the key on a
+//! transient failure, and replays.
 //!
 //! The rules that keep it correct:
 //!
@@ -42,6 +44,10 @@
 //!    `idem.failure.final-outcomes`); a 5xx rolls the phase back, is not
 //!    stored (clause `idem.failure.5xx-not-stored`), and ends the lease so a
 //!    retry resumes at once.
+//! 6. Point names are stored with keys: renaming or removing one strands
+//!    the keys in flight at it when the new version starts (they are
+//!    answered 500 and left for the reaper). Add points; retire old ones
+//!    only after a replay window without them.
 //!
 //! In outline (the reference server's `POST /v1/payments` is the full
 //! example):
@@ -49,38 +55,60 @@
 //! ```
 //! use axum::http::StatusCode;
 //! use axum::response::IntoResponse;
-//! use axum_idempotency::multistep::{MultiStep, Next, Phase};
+//! use axum_idempotency::multistep::{MultiStep, Next, Phase, Points};
 //! use axum_idempotency::failpoint::Position;
-//! use axum_idempotency::{Error, RecoveryPoint, SqliteStore};
+//! use axum_idempotency::{Error, SqliteStore};
+//!
+//! /// Where a payment can stop and resume.
+//! #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+//! enum Point {
+//!     Started,
+//!     PaymentCreated,
+//!     ChargeCreated,
+//! }
+//!
+//! impl Points for Point {
+//!     const ALL: &'static [Self] = &[Self::Started, Self::PaymentCreated, Self::ChargeCreated];
+//!     fn name(self) -> &'static str {
+//!         match self {
+//!             Self::Started => "started",
+//!             Self::PaymentCreated => "payment_created",
+//!             Self::ChargeCreated => "charge_created",
+//!         }
+//!     }
+//! }
+//!
+//! /// The failpoint around the processor call (`Idem-Failpoint: crash-after=charge-call`).
+//! const CHARGE_CALL: &str = "charge-call";
 //!
 //! #[derive(Clone)]
 //! struct Payments; // holds the processor client in a real one
 //!
 //! impl MultiStep<SqliteStore> for Payments {
 //!     type Error = Error;
+//!     type Point = Point;
 //!
-//!     async fn phase(&self, from: &RecoveryPoint, p: &mut Phase<'_, SqliteStore>) -> Result<Next, Error> {
-//!         match from.as_str() {
+//!     async fn phase(&self, from: Point, p: &mut Phase<'_, SqliteStore>) -> Result<Next<Point>, Error> {
+//!         match from {
 //!             // Phase 1, in the claim's transaction: local rows only.
-//!             "started" => {
+//!             Point::Started => {
 //!                 let id = format!("pay_{}", &p.derive("payment")[..24]);
 //!                 let tx = p.tx().await?;
 //!                 sqlx::query("SELECT $1").bind(&id).execute(&mut **tx).await?;
-//!                 Ok(Next::Commit("payment_created"))
+//!                 Ok(Next::Commit(Point::PaymentCreated))
 //!             }
 //!             // Phase 2: intent, foreign call (no transaction open), record.
-//!             "payment_created" => {
+//!             Point::PaymentCreated => {
 //!                 p.commit_intent().await?;
 //!                 let _outbound = p.foreign_key("processor")?;
-//!                 p.failpoint(Position::Before, "charge-call").await;
+//!                 p.failpoint(Position::Before, CHARGE_CALL).await;
 //!                 // ... call the processor with `_outbound` here ...
-//!                 p.failpoint(Position::After, "charge-call").await;
+//!                 p.failpoint(Position::After, CHARGE_CALL).await;
 //!                 let _tx = p.tx().await?; // write the charge id
-//!                 Ok(Next::Commit("charge_created"))
+//!                 Ok(Next::Commit(Point::ChargeCreated))
 //!             }
 //!             // Phase 3: store the final response with the last writes.
-//!             "charge_created" => Ok(Next::Finish((StatusCode::CREATED, "{}").into_response())),
-//!             other => Err(Error::Internal(format!("no phase starts at {other}"))),
+//!             Point::ChargeCreated => Ok(Next::Finish((StatusCode::CREATED, "{}").into_response())),
 //!         }
 //!     }
 //! }
@@ -120,13 +148,74 @@ use crate::store::{
 /// phases loop.
 pub const MAX_PHASES: usize = 32;
 
+/// An endpoint's recovery points, named once as a type of its own (an
+/// enum): the phases `match` on it, so a point without a phase does not
+/// compile, and its names are what the store keeps and what failpoints
+/// (`Idem-Failpoint: crash-after=NAME`) are armed with.
+///
+/// The library's own two points are `started` (where every request begins,
+/// so it must be the first of [`Points::ALL`]) and `finished` (written by
+/// the driver when the response is stored, so it must not be one of yours).
+/// [`MultiStepEndpoint::new`] checks these rules, the names' syntax
+/// ([`RecoveryPoint`]) and that no name repeats.
+pub trait Points: Copy + Eq + fmt::Debug + Send + Sync + 'static {
+    /// Every point, `started` first.
+    const ALL: &'static [Self];
+
+    /// The stored name: lower-case ASCII letters, digits and `_`, starting
+    /// with a letter.
+    fn name(self) -> &'static str;
+}
+
+/// Why a [`Points`] type is refused (see [`check_points`]).
+fn points_problem<P: Points>() -> Option<String> {
+    let names: Vec<&str> = P::ALL.iter().map(|p| p.name()).collect();
+    if names.first() != Some(&RecoveryPoint::STARTED) {
+        return Some(format!(
+            "the first point must be named {:?} (got {names:?})",
+            RecoveryPoint::STARTED
+        ));
+    }
+    for (i, name) in names.iter().enumerate() {
+        if let Err(e) = RecoveryPoint::new(*name) {
+            return Some(e.to_string());
+        }
+        if *name == RecoveryPoint::FINISHED {
+            return Some(format!(
+                "{:?} is the library's own final point",
+                RecoveryPoint::FINISHED
+            ));
+        }
+        if names[..i].contains(name) {
+            return Some(format!("the name {name:?} is used twice"));
+        }
+    }
+    None
+}
+
+/// Checks a [`Points`] type against its rules: what
+/// [`MultiStepEndpoint::new`] asserts, for a test of your own.
+pub fn check_points<P: Points>() -> Result<()> {
+    match points_problem::<P>() {
+        None => Ok(()),
+        Some(why) => Err(Error::Internal(format!(
+            "recovery points {}: {why}",
+            std::any::type_name::<P>()
+        ))),
+    }
+}
+
+/// The point named `name` (as stored), if the endpoint has one.
+fn point_named<P: Points>(name: &str) -> Option<P> {
+    P::ALL.iter().copied().find(|p| p.name() == name)
+}
+
 /// What a phase decided.
 #[derive(Debug)]
-pub enum Next {
-    /// Commit this phase's writes with the key at this recovery point (a
-    /// lower-case name such as `charge_created`), then run the phase that
-    /// starts there.
-    Commit(&'static str),
+pub enum Next<P> {
+    /// Commit this phase's writes with the key at this recovery point, then
+    /// run the phase that starts there.
+    Commit(P),
     /// The request is over: store this response with this phase's writes
     /// (2xx/4xx) and answer it. A 5xx here is treated like an `Err`: rolled
     /// back, not stored.
@@ -141,13 +230,16 @@ pub trait MultiStep<K: KeyStore>: Send + Sync + 'static {
     /// transient (5xx).
     type Error: IntoResponse + From<Error> + fmt::Display + Send;
 
+    /// The endpoint's recovery points.
+    type Point: Points;
+
     /// Runs the phase that starts at recovery point `from` (`started` for
     /// the first one).
     fn phase(
         &self,
-        from: &RecoveryPoint,
+        from: Self::Point,
         p: &mut Phase<'_, K>,
-    ) -> impl Future<Output = std::result::Result<Next, Self::Error>> + Send;
+    ) -> impl Future<Output = std::result::Result<Next<Self::Point>, Self::Error>> + Send;
 
     /// Per-response headers (`Date`, `Set-Cookie`) that replays reproduce
     /// all the same; every other header the final phase's response sets is
@@ -396,12 +488,13 @@ impl<M> Driven<M> {
         M: MultiStep<K>,
     {
         let (fence, created_at, mut point, mut tx) = match start {
-            Start::Fresh(claimed, created_at) => (
-                claimed.fence,
-                created_at,
-                RecoveryPoint::started(),
-                Some(claimed.tx),
-            ),
+            Start::Fresh(claimed, created_at) => {
+                let started = M::Point::ALL
+                    .first()
+                    .copied()
+                    .ok_or_else(|| Error::Internal("an endpoint without recovery points".into()))?;
+                (claimed.fence, created_at, started, Some(claimed.tx))
+            }
             Start::Resume => {
                 let now = engine.clock().now_ms();
                 let lease = engine.lease_ends(now);
@@ -416,7 +509,17 @@ impl<M> Driven<M> {
                     "took over an expired lease; resuming");
                 crate::metrics::takeover();
                 crate::metrics::recovery_point(t.recovery_point.as_str());
-                (t.fence, t.created_at, t.recovery_point, None)
+                let Some(point) = point_named::<M::Point>(t.recovery_point.as_str()) else {
+                    // A point renamed or removed by a deploy while keys were
+                    // in flight at it: nothing knows how to go on from there.
+                    // The takeover's fence stays held until its lease ends.
+                    return Err(Error::Internal(format!(
+                        "stored recovery point {:?} is not one of this endpoint's points {:?}",
+                        t.recovery_point.as_str(),
+                        M::Point::ALL.iter().map(|p| p.name()).collect::<Vec<_>>()
+                    )));
+                };
+                (t.fence, t.created_at, point, None)
             }
         };
         // Whether nothing of this request is committed yet: then a failure
@@ -446,20 +549,19 @@ impl<M> Driven<M> {
                 req,
                 created_at,
                 fence: fence.clone(),
-                point: point.clone(),
+                point: recovery_point(point)?,
                 tx: tx.take(),
                 intent_committed: false,
             };
-            tracing::debug!(%fence, from = %point, "phase");
-            let outcome = self.endpoint.phase(&point, &mut phase).await;
+            tracing::debug!(%fence, from = point.name(), "phase");
+            let outcome = self.endpoint.phase(point, &mut phase).await;
             let phase_tx = phase.tx.take();
             // An intent commit inside the phase committed the claim too.
             fresh &= !phase.intent_committed;
             drop(phase);
             let response = match outcome {
-                Ok(Next::Commit(next)) => {
-                    let next = RecoveryPoint::new(next)
-                        .map_err(|e| Error::Internal(format!("bad recovery point: {e}")))?;
+                Ok(Next::Commit(reached)) => {
+                    let next = recovery_point(reached)?;
                     let t = match phase_tx {
                         Some(t) => t,
                         None => engine.store().begin().await?,
@@ -475,7 +577,7 @@ impl<M> Driven<M> {
                     req.pulse.committed();
                     tracing::info!(%fence, point = %next, "recovery point committed");
                     crate::metrics::recovery_point(next.as_str());
-                    point = next;
+                    point = reached;
                     continue;
                 }
                 Ok(Next::Finish(response)) => response,
@@ -498,6 +600,13 @@ impl<M> Driven<M> {
             "the endpoint ran more than {MAX_PHASES} phases"
         )))
     }
+}
+
+/// A point as the store keeps it (its syntax was checked when the endpoint
+/// was built, so this fails only for a `name` that is not a constant).
+fn recovery_point<P: Points>(point: P) -> Result<RecoveryPoint> {
+    RecoveryPoint::new(point.name())
+        .map_err(|e| Error::Internal(format!("bad recovery point {point:?}: {e}")))
 }
 
 /// A [`MultiStep`] endpoint bound to an engine, a method and a path: an
@@ -532,7 +641,16 @@ impl<K: KeyStore> fmt::Debug for MultiStepEndpoint<K> {
 impl<K: KeyStore> MultiStepEndpoint<K> {
     /// Binds `endpoint` to `method` and `path` (the path the completer
     /// matches stored requests against).
+    ///
+    /// # Panics
+    ///
+    /// When the endpoint's [`Points`] break their rules (see
+    /// [`check_points`]): a programming error found when the app starts,
+    /// before any request.
     pub fn new<M: MultiStep<K>>(engine: Engine<K>, method: &str, path: &str, endpoint: M) -> Self {
+        if let Err(e) = check_points::<M::Point>() {
+            panic!("MultiStepEndpoint {method} {path}: {e}");
+        }
         let replay_headers = endpoint.replay_headers();
         Self {
             engine,
@@ -712,6 +830,58 @@ mod tests {
             derived_digest(&engine, &a),
             "labels separate values"
         );
+    }
+
+    /// A points type with these names, `name(ALL[i])` the i-th.
+    macro_rules! points {
+        ($ty:ident: $($name:literal),*) => {
+            #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+            struct $ty(usize);
+            impl $ty {
+                const NAMES: &'static [&'static str] = &[$($name),*];
+            }
+            impl Points for $ty {
+                const ALL: &'static [Self] = &{
+                    let mut all = [$ty(0); $ty::NAMES.len()];
+                    let mut i = 0;
+                    while i < all.len() {
+                        all[i] = $ty(i);
+                        i += 1;
+                    }
+                    all
+                };
+                fn name(self) -> &'static str {
+                    Self::NAMES[self.0]
+                }
+            }
+        };
+    }
+
+    points!(Good: "started", "reserved", "charged_2");
+    points!(Empty:);
+    points!(NotStartedFirst: "reserved", "started");
+    points!(Finished: "started", "finished");
+    points!(Repeated: "started", "reserved", "reserved");
+    points!(BadName: "started", "Charge-Created");
+
+    #[test]
+    fn points_are_checked_before_any_request() {
+        assert!(check_points::<Good>().is_ok());
+        for (problem, expected) in [
+            (check_points::<Empty>(), "must be named \"started\""),
+            (
+                check_points::<NotStartedFirst>(),
+                "must be named \"started\"",
+            ),
+            (check_points::<Finished>(), "library's own final point"),
+            (check_points::<Repeated>(), "\"reserved\" is used twice"),
+            (check_points::<BadName>(), "Charge-Created"),
+        ] {
+            let message = problem.expect_err(expected).to_string();
+            assert!(message.contains(expected), "{message:?} lacks {expected:?}");
+        }
+        assert_eq!(point_named::<Good>("charged_2"), Some(Good(2)));
+        assert_eq!(point_named::<Good>("renamed_since"), None);
     }
 
     fn derived_digest(engine: &Engine<SqliteStore>, req: &Incoming) -> String {

@@ -11,10 +11,10 @@ use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum_idempotency::clock::SystemClock;
 use axum_idempotency::jobs::complete_once;
-use axum_idempotency::multistep::{MultiStep, MultiStepEndpoint, Next, Phase};
+use axum_idempotency::multistep::{MultiStep, MultiStepEndpoint, Next, Phase, Points};
 use axum_idempotency::store::KeyStore;
 use axum_idempotency::{
-    Caller, Engine, EngineConfig, IdempotencyKey, KeyId, RecoveryPoint, Store, with_conn, with_pool,
+    Caller, Engine, EngineConfig, IdempotencyKey, KeyId, Store, with_conn, with_pool,
 };
 use idem_test_support::{Backend, TestDb, both, db};
 
@@ -63,17 +63,33 @@ struct Order {
     foreign: Foreign,
 }
 
+/// Where an order can stop and resume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Point {
+    Started,
+    Reserved,
+    Charged,
+}
+
+impl Points for Point {
+    const ALL: &'static [Self] = &[Self::Started, Self::Reserved, Self::Charged];
+    fn name(self) -> &'static str {
+        match self {
+            Self::Started => "started",
+            Self::Reserved => "reserved",
+            Self::Charged => "charged",
+        }
+    }
+}
+
 impl MultiStep<Store> for Order {
     type Error = AppError;
+    type Point = Point;
 
-    async fn phase(
-        &self,
-        from: &RecoveryPoint,
-        p: &mut Phase<'_, Store>,
-    ) -> Result<Next, AppError> {
+    async fn phase(&self, from: Point, p: &mut Phase<'_, Store>) -> Result<Next<Point>, AppError> {
         let id = p.derive("order")[..16].to_owned();
-        match from.as_str() {
-            "started" => {
+        match from {
+            Point::Started => {
                 let tx = p.tx().await?;
                 with_conn!(tx, c => {
                     sqlx::query("INSERT INTO orders (id, status) VALUES ($1, 'reserved')")
@@ -81,9 +97,9 @@ impl MultiStep<Store> for Order {
                         .execute(&mut *c)
                         .await?;
                 });
-                Ok(Next::Commit("reserved"))
+                Ok(Next::Commit(Point::Reserved))
             }
-            "reserved" => {
+            Point::Reserved => {
                 p.commit_intent().await?;
                 let outbound = p.foreign_key("shop")?.as_str().to_owned();
                 *self
@@ -107,12 +123,11 @@ impl MultiStep<Store> for Order {
                         .execute(&mut *c)
                         .await?;
                 });
-                Ok(Next::Commit("charged"))
+                Ok(Next::Commit(Point::Charged))
             }
-            "charged" => Ok(Next::Finish(
+            Point::Charged => Ok(Next::Finish(
                 (StatusCode::CREATED, format!("order {id}")).into_response(),
             )),
-            other => Err(axum_idempotency::Error::Internal(format!("no phase at {other}")).into()),
         }
     }
 }

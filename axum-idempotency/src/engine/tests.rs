@@ -342,14 +342,26 @@ async fn a_waiting_duplicate_replays_once_the_key_completes_and_says_it_waited()
 #[derive(Clone)]
 struct OnePhase;
 
+/// [`OnePhase`]'s only point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Started;
+
+impl crate::multistep::Points for Started {
+    const ALL: &'static [Self] = &[Started];
+    fn name(self) -> &'static str {
+        RecoveryPoint::STARTED
+    }
+}
+
 impl crate::multistep::MultiStep<Scripted> for OnePhase {
     type Error = Error;
+    type Point = Started;
 
     async fn phase(
         &self,
-        _from: &RecoveryPoint,
+        _from: Started,
         _p: &mut crate::multistep::Phase<'_, Scripted>,
-    ) -> std::result::Result<crate::multistep::Next, Error> {
+    ) -> std::result::Result<crate::multistep::Next<Started>, Error> {
         Ok(crate::multistep::Next::Finish(
             (StatusCode::CREATED, "phased").into_response(),
         ))

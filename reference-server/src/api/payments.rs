@@ -50,7 +50,7 @@ use axum::response::IntoResponse;
 use axum_idempotency::clock::Clock;
 use axum_idempotency::failpoint::Position;
 use axum_idempotency::jobs::Deliver;
-use axum_idempotency::multistep::{MultiStep, Next, Phase};
+use axum_idempotency::multistep::{MultiStep, Next, Phase, Points};
 use axum_idempotency::store::{StagedJob, StagedJobs};
 use axum_idempotency::{RecoveryPoint, Store, with_conn, with_pool};
 use serde::{Deserialize, Serialize};
@@ -228,38 +228,52 @@ fn new_payment(p: &Phase<'_, Store>) -> Result<NewPayment> {
     super::json::parse(&request.body)
 }
 
-/// A payment's recovery points and failpoint names, named once: the phase
-/// table matches on them, the phases commit them, and tests arm failpoints
-/// by these names (`Idem-Failpoint: crash-after=charge_created`).
-pub mod point {
+/// A payment's recovery points, named once: the phase table matches on
+/// them, the phases commit them, and tests arm failpoints by their names
+/// (`Idem-Failpoint: crash-after=charge_created`). The names are stored
+/// with keys in flight: never rename one (see the multistep module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Point {
     /// Key claimed, nothing committed: the first phase inserts the payment.
-    pub const STARTED: &str = axum_idempotency::RecoveryPoint::STARTED;
+    Started,
     /// The payment row is committed; the charge is next.
-    pub const PAYMENT_CREATED: &str = "payment_created";
+    PaymentCreated,
     /// The processor's charge is recorded; the final response is next.
-    pub const CHARGE_CREATED: &str = "charge_created";
-    /// The failpoint around the processor call (`before=`/`after=`).
-    pub const CHARGE_CALL: &str = "charge-call";
+    ChargeCreated,
 }
+
+impl Points for Point {
+    const ALL: &'static [Self] = &[Self::Started, Self::PaymentCreated, Self::ChargeCreated];
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Started => RecoveryPoint::STARTED,
+            Self::PaymentCreated => "payment_created",
+            Self::ChargeCreated => "charge_created",
+        }
+    }
+}
+
+/// The failpoint around the processor call (`Idem-Failpoint:
+/// crash-before=charge-call` / `crash-after=charge-call`).
+pub const CHARGE_CALL: &str = "charge-call";
 
 impl MultiStep<Store> for Payments {
     type Error = Error;
+    type Point = Point;
 
-    async fn phase(&self, from: &RecoveryPoint, p: &mut Phase<'_, Store>) -> Result<Next> {
-        match from.as_str() {
-            point::STARTED => insert_payment(p).await,
-            point::PAYMENT_CREATED => self.charge(p).await,
-            point::CHARGE_CREATED => finish(p).await,
-            other => Err(Error::Internal(format!(
-                "payments have no phase starting at {other:?}"
-            ))),
+    async fn phase(&self, from: Point, p: &mut Phase<'_, Store>) -> Result<Next<Point>> {
+        match from {
+            Point::Started => insert_payment(p).await,
+            Point::PaymentCreated => self.charge(p).await,
+            Point::ChargeCreated => finish(p).await,
         }
     }
 }
 
 /// Phase 1, inside the claim's transaction: the payment row and, with it,
 /// the outbound key the processor will see (the intent's first half).
-async fn insert_payment(p: &mut Phase<'_, Store>) -> Result<Next> {
+async fn insert_payment(p: &mut Phase<'_, Store>) -> Result<Next<Point>> {
     let req = new_payment(p)?;
     req.validate()?;
     let id = payment_id(p);
@@ -290,13 +304,13 @@ async fn insert_payment(p: &mut Phase<'_, Store>) -> Result<Next> {
         .execute(&mut *c)
         .await?;
     });
-    Ok(Next::Commit(point::PAYMENT_CREATED))
+    Ok(Next::Commit(Point::PaymentCreated))
 }
 
 impl Payments {
     /// Phase 2: record the intent, call the processor (no transaction
     /// open), record its answer.
-    async fn charge(&self, p: &mut Phase<'_, Store>) -> Result<Next> {
+    async fn charge(&self, p: &mut Phase<'_, Store>) -> Result<Next<Point>> {
         let req = new_payment(p)?;
         let id = payment_id(p);
         let outbound = p.foreign_key("processor")?;
@@ -314,7 +328,7 @@ impl Payments {
             .await?;
         });
         p.commit_intent().await?;
-        p.failpoint(Position::Before, point::CHARGE_CALL).await;
+        p.failpoint(Position::Before, CHARGE_CALL).await;
         let charge = ChargeRequest {
             amount: req.amount,
             currency: req.currency.to_ascii_lowercase(),
@@ -322,7 +336,7 @@ impl Payments {
             description: Some(format!("idemkit payment {id}")),
         };
         let outcome = self.processor.charge(&outbound, &charge).await;
-        p.failpoint(Position::After, point::CHARGE_CALL).await;
+        p.failpoint(Position::After, CHARGE_CALL).await;
         let outcome = match outcome {
             Ok(o) => o,
             Err(e) => {
@@ -351,7 +365,7 @@ impl Payments {
                     .execute(&mut *c)
                     .await?;
                 });
-                Ok(Next::Commit(point::CHARGE_CREATED))
+                Ok(Next::Commit(Point::ChargeCreated))
             }
             ChargeOutcome::Declined(charge) => {
                 let code = charge.failure_code.clone().unwrap_or_default();
@@ -401,7 +415,7 @@ impl Payments {
 
 /// Phase 3: mark the payment succeeded, stage the receipt job, and answer
 /// 201; the driver stores the response in the same transaction.
-async fn finish(p: &mut Phase<'_, Store>) -> Result<Next> {
+async fn finish(p: &mut Phase<'_, Store>) -> Result<Next<Point>> {
     let id = payment_id(p);
     let (caller, generation, now) = (p.caller().as_str().to_owned(), p.generation(), p.now());
     let store = p.store().clone();
