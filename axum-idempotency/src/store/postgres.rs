@@ -218,7 +218,12 @@ impl KeyStore for PgStore {
                     tx: Some(tx),
                 });
             }
-            self.rollback(tx).await?;
+            // Not awaited: a read-only transaction has nothing a ROLLBACK could
+            // fail to undo, and sqlx queues it on the connection, to be sent
+            // with the ping the pool runs on every connection handed back. So a
+            // replay answers after two round trips, not three, and no request
+            // can get this connection before the ROLLBACK has run.
+            drop(tx);
             Ok(Observed {
                 record,
                 busy: locked == Some(false),
