@@ -1,5 +1,6 @@
 //! The conforming client: `idem-client` as its README tells a reqwest user to use it, the one
-//! middleware line with the default policy and automatic keys. Only the jitter is seeded.
+//! middleware line with the default policy and automatic keys. Only the jitter is seeded (and
+//! the reqwest client ignores proxies from the environment, see `crate::http_client`).
 
 use idem_client::RetryMiddleware;
 use reqwest::header::CONTENT_TYPE;
@@ -7,7 +8,7 @@ use reqwest_middleware::ClientBuilder;
 
 /// Posts [`crate::BODY`] to `url` through idem-client; true iff the final answer is a 2xx.
 pub(crate) async fn call(url: &str, seed: u64) -> bool {
-    let client = ClientBuilder::new(reqwest::Client::new())
+    let client = ClientBuilder::new(crate::http_client())
         .with(RetryMiddleware::default().with_seed(seed))
         .build();
     let sent = client

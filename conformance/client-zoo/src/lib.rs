@@ -16,6 +16,18 @@ pub const PATH: &str = "/payments";
 /// The JSON body of the one state-changing call every zoo client makes.
 pub const BODY: &str = r#"{"amount":1000}"#;
 
+/// The reqwest client under every zoo client: the defaults, but never through a proxy from the
+/// environment (`HTTP_PROXY`), because the kit's API is on 127.0.0.1 and the zoo is hermetic.
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot build the client without proxies; using the default");
+            reqwest::Client::new()
+        })
+}
+
 /// The one error type of `idem-client-zoo`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -169,7 +169,7 @@ enum Outcome {
 
 /// Posts [`crate::BODY`] to `url` with `behaviour`; true iff the final answer is a 2xx.
 pub(crate) async fn call(behaviour: Behaviour, timing: Timing, url: &str, seed: u64) -> bool {
-    let http = reqwest::Client::new();
+    let http = crate::http_client();
     let mut rng = StdRng::seed_from_u64(seed);
     let in_use_codes = idem_client::RetryPolicy::default().in_use_codes;
     // Random, never from the seed: a second run with the same seed is a new operation.

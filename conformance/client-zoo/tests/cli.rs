@@ -41,7 +41,11 @@ fn serve(status: u16, requests: usize) -> String {
 
 fn run(args: &[&str], base_url: Option<&str>) -> Output {
     let mut cmd = Command::new(BIN);
-    cmd.args(args).env_remove("IDEM_BASE_URL");
+    // A dead proxy in the environment: the zoo must not use it for the kit's 127.0.0.1.
+    cmd.args(args)
+        .env_remove("IDEM_BASE_URL")
+        .env("HTTP_PROXY", "http://127.0.0.1:9")
+        .env("http_proxy", "http://127.0.0.1:9");
     if let Some(url) = base_url {
         cmd.env("IDEM_BASE_URL", url);
     }
