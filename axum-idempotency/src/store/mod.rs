@@ -47,18 +47,17 @@
 //! commits nothing before its endpoint has run, so its claim need not be a
 //! row until then. It is:
 //!
-//! 1. **Observe** ([`KeyStore::observe`]). PostgreSQL: `BEGIN`, then one
-//!    statement that reads the key's record and, unless that record is
-//!    complete inside its window, takes the key's transaction-scoped
-//!    advisory try-lock. Lock not free: another transaction is executing
-//!    the key, so it is in flight (409 `idempotency_key_in_use`, or
-//!    `Prefer: wait`). SQLite: a plain read outside the writer.
+//! 1. **Observe** ([`KeyStore::observe`]): one plain read of the key's
+//!    record, outside any transaction, on both stores.
 //! 2. **Decide** ([`crate::decide`], pure): a complete record inside its
-//!    window is replayed (or refused, other fingerprint), the transaction
-//!    rolled back; an absent or replaceable key is claimed.
-//! 3. **Run** the endpoint in the transaction that holds the key's claim.
-//!    PostgreSQL: the transaction from step 1 (or [`begin_single`]), holding
-//!    the key's advisory lock, open for the request's whole life. SQLite:
+//!    window is replayed (or refused, other fingerprint) after that one
+//!    round trip; an absent or replaceable key is claimed.
+//! 3. **Run** the endpoint in the transaction that holds the key's claim
+//!    ([`begin_single`]). PostgreSQL: opened now by a `BEGIN` that takes
+//!    the key's transaction-scoped advisory try-lock in the same message;
+//!    lock not free means another transaction is executing the key, so it
+//!    is in flight (409 `idempotency_key_in_use`, or `Prefer: wait`). The
+//!    transaction stays open for the request's whole life. SQLite:
 //!    [`begin_single`] defers it; the endpoint's first
 //!    [`IdemTx::lock`](crate::IdemTx::lock) opens it (`BEGIN IMMEDIATE`,
 //!    the one writer), so time the endpoint spends before its first write
@@ -72,14 +71,11 @@
 //!
 //! [`begin_single`]: KeyStore::begin_single
 //!
-//! **The race it must survive.** Step 1's read is not exact. On PostgreSQL
-//! a statement's snapshot is taken before its lock: a transaction that held
-//! the key's lock and committed its record in between is invisible to the
-//! read, yet its lock is free, so two requests can both see "absent" and
-//! both run the endpoint. On SQLite the read happens before the writer lock
-//! (so replays and mismatches never queue for the single writer, and a
-//! first execution holds the writer one statement less), so another request
-//! can commit between read and `BEGIN IMMEDIATE`. Neither relies on the
+//! **The race it must survive.** Step 1's read is not exact. It happens
+//! before the lock (PostgreSQL) or the writer (SQLite), so replays and
+//! mismatches never queue for either; another request can therefore commit
+//! its record between the read and the lock, and two requests can both see
+//! "absent" and both run the endpoint. Neither store relies on the
 //! read: the final statement is arbitrated by the primary key on
 //! (caller, key) against the latest *committed* row, whatever the snapshot,
 //! exactly like the multi-step claim (clause `idem.claim.atomic`). The
@@ -364,16 +360,16 @@ pub struct Observed<Tx> {
     /// The committed record as read (possibly a moment old: the final write,
     /// [`KeyStore::record_final`], is what arbitrates).
     pub record: Option<KeyRecord>,
-    /// Another transaction holds this key's claim right now (PostgreSQL:
-    /// its advisory lock was not free): the key is in flight, though no
-    /// committed record shows it yet.
+    /// Another transaction holds this key's claim right now: the key is in
+    /// flight, though no committed record shows it yet. A store that learns
+    /// this only when it opens the request's transaction (both stores here:
+    /// [`SingleTx::Busy`]) reports false.
     pub busy: bool,
-    /// A transaction that already holds this key's claim (PostgreSQL: the
-    /// advisory lock, taken by the same statement that read `record`), for
-    /// the request to run in if it executes; the caller rolls it back if
-    /// it does not. `None` when the store took no lock, and always on
-    /// SQLite, whose claim is the writer lock, taken at the endpoint's
-    /// first write ([`SingleTx::Deferred`]).
+    /// A transaction that already holds this key's claim, for the request
+    /// to run in if it executes; the caller rolls it back if it does not.
+    /// `None` when the observation took no lock, as on both stores here:
+    /// their observation is one plain read, so replays cost one round trip
+    /// and hold nothing.
     pub tx: Option<Tx>,
 }
 
@@ -518,10 +514,10 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
 
     /// The observation of a single-phase request: its key's record and
     /// whether another transaction is executing it, in as few statements as
-    /// the store allows (PostgreSQL: `BEGIN` plus one statement that reads
-    /// the record and takes the advisory try-lock; SQLite: one read outside
-    /// the writer, so replays never queue for it). See the module docs,
-    /// "The single-phase protocol".
+    /// the store allows (both stores: one plain read, outside any
+    /// transaction, so replays never queue for a writer or a lock; whether
+    /// the key is in flight is learnt when [`KeyStore::begin_single`] takes
+    /// its lock). See the module docs, "The single-phase protocol".
     fn observe(
         &self,
         id: &KeyId,
@@ -530,7 +526,8 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
 
     /// The transaction a single-phase request runs in when
     /// [`observe`](KeyStore::observe) gave none. PostgreSQL opens it now,
-    /// holding the key's advisory lock for its whole life
+    /// its `BEGIN` taking the key's advisory lock in the same message, and
+    /// holds the lock for its whole life
     /// ([`SingleTx::Open`], or [`SingleTx::Busy`] when another transaction
     /// holds the key). SQLite defers it ([`SingleTx::Deferred`]): its claim
     /// is the database's one writer, taken when the endpoint first asks for
@@ -669,13 +666,37 @@ pub(crate) fn retire_if_in_transaction<C: sqlx::Connection>(
     })
 }
 
-/// The pool's `before_acquire` hook: the same check, for a connection that
-/// reached the idle queue some other way.
+/// How long a pooled connection may sit idle before [`usable`] pings it.
+pub const PING_IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The pool's `before_acquire` hook, in place of sqlx's
+/// `test_before_acquire` (which the stores' pool options turn off): a
+/// connection inside a transaction is refused (it reached the idle queue
+/// some other way than [`retire_if_in_transaction`]), and one idle for
+/// [`PING_IDLE_AFTER`] or more is pinged first.
+///
+/// Why not ping every time, as sqlx does by default: that is one more round
+/// trip per acquire (on SQLite a hop to the connection's worker thread, and
+/// the writer takes its connection while holding SQLite's one write lock),
+/// and sqlx already pings every connection handed back. A connection in
+/// steady use was proven alive milliseconds ago; one that sat idle through a
+/// database restart is pinged and replaced before any request sees it. What
+/// is left is a database that dies within a second of a connection's last
+/// use: that request fails fast with the store's retryable 503, and the
+/// connection is dropped when the failed request hands it back.
 pub(crate) fn usable<C: sqlx::Connection>(
     conn: &mut C,
-    _meta: sqlx::pool::PoolConnectionMetadata,
+    meta: sqlx::pool::PoolConnectionMetadata,
 ) -> HookFuture<'_> {
-    Box::pin(async move { Ok(!conn.is_in_transaction()) })
+    Box::pin(async move {
+        if conn.is_in_transaction() {
+            return Ok(false);
+        }
+        if meta.idle_for >= PING_IDLE_AFTER {
+            conn.ping().await?;
+        }
+        Ok(true)
+    })
 }
 
 /// Transactionally staged jobs (the enqueuer's table, `staged_jobs`): a job

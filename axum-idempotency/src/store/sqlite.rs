@@ -152,14 +152,18 @@ impl SqliteStore {
     }
 
     /// The pool settings this library is tested with: connections are
-    /// acquired within `acquire_timeout`, and one handed back inside a
+    /// acquired within `acquire_timeout`; one handed back inside a
     /// transaction (its commit or rollback failed, e.g. on a full disk) is
-    /// closed instead of reused. [`SqliteStore::connect`] and
-    /// [`SqliteStore::open`] apply them; to build your own pool, start from
-    /// these (then set `max_connections`) or add the same hooks to yours.
+    /// closed instead of reused; and a connection is pinged before use only
+    /// when it sat idle for [`PING_IDLE_AFTER`](super::PING_IDLE_AFTER), not
+    /// at every acquire (sqlx's default, a worker-thread round trip each).
+    /// [`SqliteStore::connect`] and [`SqliteStore::open`] apply them; to
+    /// build your own pool, start from these (then set `max_connections`)
+    /// or add the same hooks to yours.
     pub fn pool_options(acquire_timeout: Duration) -> SqlitePoolOptions {
         SqlitePoolOptions::new()
             .acquire_timeout(acquire_timeout)
+            .test_before_acquire(false)
             .after_release(super::retire_if_in_transaction)
             .before_acquire(super::usable)
     }
