@@ -720,49 +720,76 @@ both!(the_final_write_never_replaces_a_record_in_flight);
 
 // clause: idem.inflight.conflict
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_observe_holds_the_key_lock_and_a_duplicate_is_busy() {
-    // The observation's one statement takes the key's advisory lock, so a
-    // second observation (or a multi-step claim) of the same key is busy
-    // at once, while a complete record inside its window is read without
-    // the lock (replays never contend).
+async fn postgres_begin_takes_the_key_lock_and_a_duplicate_is_busy_on_a_clean_connection() {
+    // The observation is one plain read, holding nothing; the single-phase
+    // transaction's `BEGIN` takes the key's advisory lock in the same
+    // message, so a duplicate's `BEGIN` (or a multi-step claim) is busy at
+    // once. The duplicate's failed `BEGIN` must not leave its pooled
+    // connection inside an aborted transaction: with a pool of two and the
+    // holder on one, every later statement runs on that same connection.
     let Some(db) = TestDb::new(Backend::Postgres, "store-observe").await else {
         return;
     };
-    let s = store(&db).await;
+    let s = Store::connect(&db.url, 2).await.unwrap();
+    s.migrate().await.unwrap();
     let kid = id("alice", "k");
     let first = s.observe(&kid, 1_000).await.unwrap();
-    let tx = first
-        .tx
-        .expect("PostgreSQL observes inside the transaction");
-    let second = tokio::time::timeout(std::time::Duration::from_secs(5), s.observe(&kid, 1_000))
-        .await
-        .expect("must not block")
-        .unwrap();
-    assert!(second.busy && second.tx.is_none());
+    assert!(first.record.is_none() && !first.busy && first.tx.is_none());
+    let mut holder = single_tx(&s, &kid).await;
+    for _ in 0..3 {
+        let busy = tokio::time::timeout(std::time::Duration::from_secs(5), s.begin_single(&kid))
+            .await
+            .expect("must not block")
+            .unwrap();
+        assert!(matches!(busy, SingleTx::Busy), "busy");
+        // The connection the busy BEGIN used answers the next statement.
+        assert!(s.lookup(&kid).await.unwrap().is_none());
+    }
     assert!(matches!(
         claim(&s, "alice", "k", "fp", 1_000).await,
         ClaimOutcome::Busy
     ));
-    assert!(
-        matches!(s.begin_single(&kid).await.unwrap(), SingleTx::Busy),
-        "busy"
-    );
+    // Another key is not held by this one's lock.
+    let other = single_tx(&s, &id("alice", "other")).await;
+    s.rollback(other).await.unwrap();
     let (fingerprint, request) = (fp("fp"), request());
-    let mut tx = tx;
     let req = claim_request(&kid, &fingerprint, &request, 1_000);
     assert!(
-        s.record_final(&mut tx, &req, &response(), 1_000)
+        s.record_final(&mut holder, &req, &response(), 1_000)
             .await
             .unwrap()
             .is_some()
     );
-    s.commit(tx).await.unwrap();
-    // Complete: read without taking the lock, even while someone holds it.
-    let holder = single_tx(&s, &kid).await;
+    s.commit(holder).await.unwrap();
+    // Complete: read without any lock, even while someone holds it.
+    let again = single_tx(&s, &kid).await;
     let replay = s.observe(&kid, 2_000).await.unwrap();
     assert!(!replay.busy && replay.tx.is_none());
     assert_eq!(replay.record.unwrap().response, Some(response()));
+    s.rollback(again).await.unwrap();
+}
+
+#[tokio::test]
+async fn postgres_keys_with_quotes_and_dollars_lock_as_themselves() {
+    // The fused BEGIN carries caller and key inside a simple-protocol
+    // string: hex-encoded, so characters SQL would read as syntax are only
+    // data, and the lock is the same one the bound statements take.
+    let Some(db) = TestDb::new(Backend::Postgres, "store-quoting").await else {
+        return;
+    };
+    let s = store(&db).await;
+    let caller = "o'brien $idem$ \\ ; ROLLBACK; --";
+    let kid = id(caller, "k'1$idem$");
+    let holder = single_tx(&s, &kid).await;
+    assert!(matches!(
+        claim(&s, caller, "k'1$idem$", "fp", 1_000).await,
+        ClaimOutcome::Busy
+    ));
     s.rollback(holder).await.unwrap();
+    assert!(matches!(
+        s.begin_single(&kid).await.unwrap(),
+        SingleTx::Open(_)
+    ));
 }
 
 /// The transaction a single-phase request would run in: opened now where

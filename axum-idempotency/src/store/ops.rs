@@ -510,43 +510,4 @@ pub(crate) mod sqlite {
 #[cfg(feature = "postgres")]
 pub(crate) mod pg {
     ops!(sqlx::PgConnection);
-
-    // ANCHOR: observe_pg
-    /// The single-phase observation on PostgreSQL, one statement inside the
-    /// request's transaction: the key's record (a LEFT JOIN, so a missing
-    /// key is still one row) and, unless that record is complete inside its
-    /// window (a replay or a mismatch, which need no lock), the key's
-    /// transaction-scoped advisory try-lock (see `ADVISORY_LOCK_SQL` in
-    /// `postgres.rs`; same lock, same hash). `locked` is NULL when the lock
-    /// was not tried, false when another transaction holds it.
-    const OBSERVE_SQL: &str = "SELECT CASE WHEN k.state IS NULL OR k.state <> 'complete' \
-         OR k.replay_until <= $3 THEN pg_try_advisory_xact_lock(hashtextextended(\
-         current_schema() || chr(31) || $1 || chr(31) || $2, 0)) END AS locked, \
-         k.fingerprint, k.state, k.recovery_point, k.generation, k.lease_expires_at, \
-         k.created_at, k.replay_until, k.expires_at, k.response_status, k.response_headers, \
-         k.response_body \
-         FROM (SELECT 1) AS one \
-         LEFT JOIN idempotency_keys AS k ON k.caller = $1 AND k.idem_key = $2";
-    // ANCHOR_END: observe_pg
-
-    /// Runs [`OBSERVE_SQL`]: (`locked`, the record).
-    pub(crate) async fn observe(
-        c: &mut sqlx::PgConnection,
-        id: &KeyId,
-        now: i64,
-    ) -> Result<(Option<bool>, Option<KeyRecord>)> {
-        let row = sqlx::query(OBSERVE_SQL)
-            .bind(id.caller().as_str())
-            .bind(id.key().as_str())
-            .bind(now)
-            .fetch_one(&mut *c)
-            .await?;
-        let locked: Option<bool> = row.try_get("locked")?;
-        let state: Option<String> = row.try_get("state")?;
-        let record = match state {
-            Some(_) => Some(decode_record(&row)?),
-            None => None,
-        };
-        Ok((locked, record))
-    }
 }

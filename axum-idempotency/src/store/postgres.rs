@@ -17,8 +17,10 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use idem_spec::Fingerprint;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgTransactionManager;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{PgPool, Postgres, Transaction, TransactionManager};
 
 use super::StoreOptions;
 use super::ops::{self, StagedJob};
@@ -49,35 +51,104 @@ pub struct PgStore {
 /// connection type); deref'ing straight to `PgConnection` compiles, as
 /// [`SqliteTx`](super::SqliteTx) always did.
 #[derive(Debug)]
-pub struct PgTx(Transaction<'static, Postgres>);
+pub struct PgTx(TxInner);
+
+#[derive(Debug)]
+enum TxInner {
+    /// One the application opened itself ([`PgTx::from_transaction`]).
+    Sqlx(Transaction<'static, Postgres>),
+    /// One this store opened on a pooled connection it owns, through sqlx's
+    /// own transaction manager (so sqlx counts it, and a handler's nested
+    /// `begin` is a savepoint). Owning the connection is what lets the store
+    /// clean it up when a `BEGIN` fused with the key's lock fails.
+    Pooled(Pooled),
+}
+
+/// A transaction open on a pooled connection; rolled back when dropped
+/// open (queued, like sqlx's own: it goes out with the pool's release ping).
+#[derive(Debug)]
+struct Pooled {
+    conn: PoolConnection<Postgres>,
+    open: bool,
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if self.open {
+            PgTransactionManager::start_rollback(&mut self.conn);
+        }
+    }
+}
 
 impl PgTx {
     /// Wraps a transaction the application opened itself.
     pub fn from_transaction(tx: Transaction<'static, Postgres>) -> Self {
-        Self(tx)
+        Self(TxInner::Sqlx(tx))
+    }
+
+    /// Opens a transaction on `conn` with `begin` (a custom `BEGIN`
+    /// statement, possibly followed by others in the same message). When it
+    /// fails the connection is rolled back by hand, because sqlx leaves a
+    /// connection whose custom `BEGIN` failed halfway inside an aborted
+    /// transaction it does not know of; if even that fails, the connection
+    /// is closed instead of going back to the pool.
+    async fn begin_on(
+        mut conn: PoolConnection<Postgres>,
+        begin: String,
+    ) -> std::result::Result<Self, sqlx::Error> {
+        match PgTransactionManager::begin(&mut conn, Some(begin.into())).await {
+            Ok(()) => Ok(Self(TxInner::Pooled(Pooled { conn, open: true }))),
+            Err(e) => {
+                if sqlx::query("ROLLBACK").execute(&mut *conn).await.is_err() {
+                    conn.close_on_drop();
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Commits.
     pub async fn commit(self) -> Result<()> {
-        Ok(self.0.commit().await?)
+        match self.0 {
+            TxInner::Sqlx(tx) => Ok(tx.commit().await?),
+            TxInner::Pooled(mut p) => {
+                // Marked closed first: a COMMIT that fails leaves sqlx's count
+                // of open transactions up, and the pool's release hook then
+                // retires the connection.
+                p.open = false;
+                Ok(PgTransactionManager::commit(&mut p.conn).await?)
+            }
+        }
     }
 
     /// Rolls back.
     pub async fn rollback(self) -> Result<()> {
-        Ok(self.0.rollback().await?)
+        match self.0 {
+            TxInner::Sqlx(tx) => Ok(tx.rollback().await?),
+            TxInner::Pooled(mut p) => {
+                p.open = false;
+                Ok(PgTransactionManager::rollback(&mut p.conn).await?)
+            }
+        }
     }
 }
 
 impl std::ops::Deref for PgTx {
     type Target = sqlx::PgConnection;
     fn deref(&self) -> &Self::Target {
-        &self.0
+        match &self.0 {
+            TxInner::Sqlx(tx) => tx,
+            TxInner::Pooled(p) => &p.conn,
+        }
     }
 }
 
 impl std::ops::DerefMut for PgTx {
     fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.0
+        match &mut self.0 {
+            TxInner::Sqlx(tx) => tx,
+            TxInner::Pooled(p) => &mut p.conn,
+        }
     }
 }
 
@@ -90,6 +161,28 @@ impl std::ops::DerefMut for PgTx {
 /// unique constraint still arbitrates the claim.
 const ADVISORY_LOCK_SQL: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended(\
      current_schema() || chr(31) || $1 || chr(31) || $2, 0))";
+
+/// The SQLSTATE [`begin_locked_sql`] raises when another transaction holds
+/// the key's lock (a class of our own, so no PostgreSQL error is mistaken
+/// for it).
+const KEY_BUSY_SQLSTATE: &str = "IK409";
+
+/// `BEGIN`, then the same lock as [`ADVISORY_LOCK_SQL`] (same expression,
+/// same hash), raising [`KEY_BUSY_SQLSTATE`] when it is held: one
+/// simple-protocol message, so one round trip. A simple query cannot bind
+/// parameters, so caller and key travel hex-encoded and are decoded by
+/// PostgreSQL: nothing a caller sends can end the string or the `DO` body.
+fn begin_locked_sql(id: &KeyId) -> String {
+    format!(
+        "BEGIN; DO $idem$BEGIN IF NOT pg_try_advisory_xact_lock(hashtextextended(\
+         current_schema() || chr(31) || convert_from(decode('{caller}', 'hex'), 'UTF8') \
+         || chr(31) || convert_from(decode('{key}', 'hex'), 'UTF8'), 0)) THEN \
+         RAISE EXCEPTION 'idempotency key in flight' USING ERRCODE = '{KEY_BUSY_SQLSTATE}'; \
+         END IF; END$idem$",
+        caller = hex::encode(id.caller().as_str()),
+        key = hex::encode(id.key().as_str()),
+    )
+}
 
 impl PgStore {
     /// A store on `pool`, whose database must have the key table
@@ -121,16 +214,18 @@ impl PgStore {
     }
 
     /// The pool settings this library is tested with: a connection within
-    /// `acquire_timeout` or `503` (clause `idem.store.fail-closed`); idle
-    /// connections tested before use, so connections that died with the
-    /// server are dropped at once when it is back instead of failing a
-    /// request each; a connection handed back inside a transaction retired.
-    /// [`PgStore::connect`] applies them and a `statement_timeout`; add one
-    /// to your connect options if you build the pool yourself.
+    /// `acquire_timeout` or `503` (clause `idem.store.fail-closed`); a
+    /// connection idle for [`PING_IDLE_AFTER`](super::PING_IDLE_AFTER) or
+    /// more tested before use, so connections that died with the server are
+    /// dropped when it is back instead of failing a request each, while one
+    /// in steady use costs no extra round trip; a connection handed back
+    /// inside a transaction retired. [`PgStore::connect`] applies them and a
+    /// `statement_timeout`; add one to your connect options if you build the
+    /// pool yourself.
     pub fn pool_options(acquire_timeout: Duration) -> PgPoolOptions {
         PgPoolOptions::new()
             .acquire_timeout(acquire_timeout)
-            .test_before_acquire(true)
+            .test_before_acquire(false)
             .after_release(super::retire_if_in_transaction)
             .before_acquire(super::usable)
     }
@@ -159,7 +254,7 @@ impl KeyStore for PgStore {
     type Tx = PgTx;
 
     async fn begin(&self) -> Result<Self::Tx> {
-        Ok(PgTx(self.pool.begin().await?))
+        Ok(PgTx(TxInner::Sqlx(self.pool.begin().await?)))
     }
 
     async fn commit(&self, tx: Self::Tx) -> Result<()> {
@@ -203,30 +298,19 @@ impl KeyStore for PgStore {
         .await
     }
 
-    async fn observe(&self, id: &KeyId, now: Millis) -> Result<Observed<Self::Tx>> {
+    async fn observe(&self, id: &KeyId, _now: Millis) -> Result<Observed<Self::Tx>> {
         crate::metrics::timed(Stage::Observe, async {
-            // BEGIN plus one statement. Its snapshot is taken before its lock,
-            // so a request that committed in between is not seen here: then
-            // the final claim-and-record finds its row and loses (the
-            // protocol's race, argued in the store docs).
-            let mut tx = self.begin().await?;
-            let (locked, record) = ops::pg::observe(&mut tx, id, now).await?;
-            if locked == Some(true) {
-                return Ok(Observed {
-                    record,
-                    busy: false,
-                    tx: Some(tx),
-                });
-            }
-            // Not awaited: a read-only transaction has nothing a ROLLBACK could
-            // fail to undo, and sqlx queues it on the connection, to be sent
-            // with the ping the pool runs on every connection handed back. So a
-            // replay answers after two round trips, not three, and no request
-            // can get this connection before the ROLLBACK has run.
-            drop(tx);
+            // One plain read, outside any transaction: a replay (or a
+            // mismatch) is answered after this one round trip. A first
+            // execution learns here only that the key is absent; whether
+            // another request is executing it is the lock's business, taken
+            // with the transaction's `BEGIN` in `begin_single` (or `claim`).
+            // A request that commits in between is caught by the final
+            // claim-and-record, which then loses (the protocol's race,
+            // argued in the store docs).
             Ok(Observed {
-                record,
-                busy: locked == Some(false),
+                record: ops::pg::lookup(&mut *self.read().await?, id).await?,
+                busy: false,
                 tx: None,
             })
         })
@@ -235,17 +319,14 @@ impl KeyStore for PgStore {
 
     async fn begin_single(&self, id: &KeyId) -> Result<SingleTx<Self::Tx>> {
         crate::metrics::timed(Stage::Claim, async {
-            let mut tx = self.begin().await?;
-            let locked: bool = sqlx::query_scalar(ADVISORY_LOCK_SQL)
-                .bind(id.caller().as_str())
-                .bind(id.key().as_str())
-                .fetch_one(&mut *tx)
-                .await?;
-            if locked {
-                Ok(SingleTx::Open(tx))
-            } else {
-                self.rollback(tx).await?;
-                Ok(SingleTx::Busy)
+            // `BEGIN` and the key's advisory try-lock in one message: one
+            // round trip where a `BEGIN` and a locking `SELECT` took two.
+            match PgTx::begin_on(self.read().await?, begin_locked_sql(id)).await {
+                Ok(tx) => Ok(SingleTx::Open(tx)),
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(KEY_BUSY_SQLSTATE) => {
+                    Ok(SingleTx::Busy)
+                }
+                Err(e) => Err(e.into()),
             }
         })
         .await
