@@ -11,6 +11,7 @@ use axum_idempotency::{
 };
 use idem_spec::KeyState;
 use idem_test_support::{Backend, TestDb, both, db};
+use sqlx::Connection;
 
 const HOUR: i64 = 3_600_000;
 
@@ -785,6 +786,19 @@ async fn postgres_keys_with_quotes_and_dollars_lock_as_themselves() {
         claim(&s, caller, "k'1$idem$", "fp", 1_000).await,
         ClaimOutcome::Busy
     ));
+    // The lock id is the one earlier versions computed from bound
+    // parameters: during a rolling deploy both exclude each other.
+    let mut other = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let free: bool = sqlx::query_scalar(
+        "SELECT pg_try_advisory_lock(hashtextextended(\
+         current_schema() || chr(31) || $1 || chr(31) || $2, 0))",
+    )
+    .bind(caller)
+    .bind("k'1$idem$")
+    .fetch_one(&mut other)
+    .await
+    .unwrap();
+    assert!(!free, "the bound-parameter form of the lock must be held");
     s.rollback(holder).await.unwrap();
     assert!(matches!(
         s.begin_single(&kid).await.unwrap(),

@@ -152,26 +152,28 @@ impl std::ops::DerefMut for PgTx {
     }
 }
 
-/// A transaction-scoped advisory lock on (schema, caller, key). Without it,
-/// a duplicate's INSERT would *block* on the original's uncommitted row until
-/// that transaction ends; with it, the duplicate learns at once that the key
-/// is in flight and can answer 409 (or wait on its own terms). The lock is
-/// released by commit or rollback, so it can never outlive the claim. A hash
-/// collision between two keys only costs a spurious, retryable 409; the
-/// unique constraint still arbitrates the claim.
-const ADVISORY_LOCK_SQL: &str = "SELECT pg_try_advisory_xact_lock(hashtextextended(\
-     current_schema() || chr(31) || $1 || chr(31) || $2, 0))";
-
 /// The SQLSTATE [`begin_locked_sql`] raises when another transaction holds
 /// the key's lock (a class of our own, so no PostgreSQL error is mistaken
 /// for it).
 const KEY_BUSY_SQLSTATE: &str = "IK409";
 
-/// `BEGIN`, then the same lock as [`ADVISORY_LOCK_SQL`] (same expression,
-/// same hash), raising [`KEY_BUSY_SQLSTATE`] when it is held: one
-/// simple-protocol message, so one round trip. A simple query cannot bind
-/// parameters, so caller and key travel hex-encoded and are decoded by
-/// PostgreSQL: nothing a caller sends can end the string or the `DO` body.
+/// `BEGIN`, then a transaction-scoped advisory try-lock on (schema, caller,
+/// key), raising [`KEY_BUSY_SQLSTATE`] when another transaction holds it:
+/// one simple-protocol message, so one round trip.
+///
+/// Why the lock: without it, a duplicate's INSERT would *block* on the
+/// original's uncommitted row until that transaction ends; with it, the
+/// duplicate learns at once that the key is in flight and can answer 409 (or
+/// wait on its own terms). It is released by commit or rollback, so it can
+/// never outlive the claim. A hash collision between two keys only costs a
+/// spurious, retryable 409; the unique constraint still arbitrates.
+///
+/// The lock id is `hashtextextended(current_schema() || chr(31) || caller ||
+/// chr(31) || key, 0)`, the expression earlier versions bound as parameters,
+/// so processes of both versions exclude each other during a rolling deploy
+/// (`tests/store.rs` checks it). A simple query cannot bind parameters, so
+/// caller and key travel hex-encoded and are decoded by PostgreSQL: nothing
+/// a caller sends can end the string or the `DO` body.
 fn begin_locked_sql(id: &KeyId) -> String {
     format!(
         "BEGIN; DO $idem$BEGIN IF NOT pg_try_advisory_xact_lock(hashtextextended(\
@@ -248,6 +250,19 @@ impl PgStore {
     async fn read(&self) -> Result<sqlx::pool::PoolConnection<Postgres>> {
         Ok(self.pool.acquire().await?)
     }
+
+    /// A transaction holding `id`'s advisory lock, or `None` when another
+    /// transaction holds it: `BEGIN` and the try-lock in one message, one
+    /// round trip where a `BEGIN` and a locking `SELECT` took two.
+    async fn begin_locked(&self, id: &KeyId) -> Result<Option<PgTx>> {
+        match PgTx::begin_on(self.read().await?, begin_locked_sql(id)).await {
+            Ok(tx) => Ok(Some(tx)),
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(KEY_BUSY_SQLSTATE) => {
+                Ok(None)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
 }
 
 impl KeyStore for PgStore {
@@ -274,16 +289,10 @@ impl KeyStore for PgStore {
 
     async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome<Self::Tx>> {
         crate::metrics::timed(Stage::Claim, async {
-            let mut tx = self.begin().await?;
-            let locked: bool = sqlx::query_scalar(ADVISORY_LOCK_SQL)
-                .bind(req.id.caller().as_str())
-                .bind(req.id.key().as_str())
-                .fetch_one(&mut *tx)
-                .await?;
-            if !locked {
-                tx.rollback().await?;
-                return Ok(ClaimOutcome::Busy);
-            }
+            let mut tx = match self.begin_locked(req.id).await? {
+                Some(tx) => tx,
+                None => return Ok(ClaimOutcome::Busy),
+            };
             match ops::pg::claim(&mut tx, req).await? {
                 Some(generation) => Ok(ClaimOutcome::Claimed(Claimed {
                     tx,
@@ -319,15 +328,10 @@ impl KeyStore for PgStore {
 
     async fn begin_single(&self, id: &KeyId) -> Result<SingleTx<Self::Tx>> {
         crate::metrics::timed(Stage::Claim, async {
-            // `BEGIN` and the key's advisory try-lock in one message: one
-            // round trip where a `BEGIN` and a locking `SELECT` took two.
-            match PgTx::begin_on(self.read().await?, begin_locked_sql(id)).await {
-                Ok(tx) => Ok(SingleTx::Open(tx)),
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(KEY_BUSY_SQLSTATE) => {
-                    Ok(SingleTx::Busy)
-                }
-                Err(e) => Err(e.into()),
-            }
+            Ok(match self.begin_locked(id).await? {
+                Some(tx) => SingleTx::Open(tx),
+                None => SingleTx::Busy,
+            })
         })
         .await
     }
