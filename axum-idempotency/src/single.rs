@@ -3,9 +3,9 @@
 //! key's claim and final record, or rolls all of them back.
 //!
 //! The store decides when that transaction opens
-//! ([`KeyStore::begin_single`]): PostgreSQL's opens before the endpoint
-//! runs, its `BEGIN` taking the key's advisory lock in the same message (the
-//! lock is what shows other processes the key in flight); SQLite's is opened
+//! ([`KeyStore::begin_single`]): PostgreSQL's is open from the observation,
+//! its `BEGIN` taking the key's advisory lock in the same message (the lock
+//! is what shows other processes the key in flight); SQLite's is opened
 //! by the endpoint's first [`IdemTx::lock`], so time spent before the first
 //! write holds nothing another key needs.
 

@@ -722,10 +722,9 @@ both!(the_final_write_never_replaces_a_record_in_flight);
 // clause: idem.inflight.conflict
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_begin_takes_the_key_lock_and_a_duplicate_is_busy_on_a_clean_connection() {
-    // The observation is one plain read, holding nothing; the single-phase
-    // transaction's `BEGIN` takes the key's advisory lock in the same
-    // message, so a duplicate's `BEGIN` (or a multi-step claim) is busy at
-    // once. The duplicate's failed `BEGIN` must not leave its pooled
+    // The observation is a plain read and, unless the key is replayable, a
+    // `BEGIN` that takes the key's advisory lock in the same message, so a
+    // duplicate's observation, `BEGIN` or multi-step claim is busy at once. The duplicate's failed `BEGIN` must not leave its pooled
     // connection inside an aborted transaction: with a pool of two and the
     // holder on one, every later statement runs on that same connection.
     let Some(db) = TestDb::new(Backend::Postgres, "store-observe").await else {
@@ -734,9 +733,10 @@ async fn postgres_begin_takes_the_key_lock_and_a_duplicate_is_busy_on_a_clean_co
     let s = Store::connect(&db.url, 2).await.unwrap();
     s.migrate().await.unwrap();
     let kid = id("alice", "k");
+    // An absent key: the observation goes on to the BEGIN with the lock.
     let first = s.observe(&kid, 1_000).await.unwrap();
-    assert!(first.record.is_none() && !first.busy && first.tx.is_none());
-    let mut holder = single_tx(&s, &kid).await;
+    assert!(first.record.is_none() && !first.busy);
+    let mut holder = first.tx.expect("an absent key is observed with its lock");
     for _ in 0..3 {
         let busy = tokio::time::timeout(std::time::Duration::from_secs(5), s.begin_single(&kid))
             .await
@@ -745,6 +745,11 @@ async fn postgres_begin_takes_the_key_lock_and_a_duplicate_is_busy_on_a_clean_co
         assert!(matches!(busy, SingleTx::Busy), "busy");
         // The connection the busy BEGIN used answers the next statement.
         assert!(s.lookup(&kid).await.unwrap().is_none());
+        let again = tokio::time::timeout(std::time::Duration::from_secs(5), s.observe(&kid, 1_000))
+            .await
+            .expect("must not block")
+            .unwrap();
+        assert!(again.busy && again.tx.is_none() && again.record.is_none());
     }
     assert!(matches!(
         claim(&s, "alice", "k", "fp", 1_000).await,

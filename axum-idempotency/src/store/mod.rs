@@ -48,16 +48,18 @@
 //! row until then. It is:
 //!
 //! 1. **Observe** ([`KeyStore::observe`]): one plain read of the key's
-//!    record, outside any transaction, on both stores.
+//!    record, outside any transaction, on both stores. On PostgreSQL,
+//!    unless that record is complete inside its window, the same
+//!    connection then sends `BEGIN` and the key's transaction-scoped
+//!    advisory try-lock in one message. Lock not free: another transaction
+//!    is executing the key, so it is in flight (409
+//!    `idempotency_key_in_use`, or `Prefer: wait`).
 //! 2. **Decide** ([`crate::decide`], pure): a complete record inside its
 //!    window is replayed (or refused, other fingerprint) after that one
 //!    round trip; an absent or replaceable key is claimed.
-//! 3. **Run** the endpoint in the transaction that holds the key's claim
-//!    ([`begin_single`]). PostgreSQL: opened now by a `BEGIN` that takes
-//!    the key's transaction-scoped advisory try-lock in the same message;
-//!    lock not free means another transaction is executing the key, so it
-//!    is in flight (409 `idempotency_key_in_use`, or `Prefer: wait`). The
-//!    transaction stays open for the request's whole life. SQLite:
+//! 3. **Run** the endpoint in the transaction that holds the key's claim.
+//!    PostgreSQL: the transaction from step 1 (or [`begin_single`], which
+//!    opens it the same way), open for the request's whole life. SQLite:
 //!    [`begin_single`] defers it; the endpoint's first
 //!    [`IdemTx::lock`](crate::IdemTx::lock) opens it (`BEGIN IMMEDIATE`,
 //!    the one writer), so time the endpoint spends before its first write
@@ -360,16 +362,16 @@ pub struct Observed<Tx> {
     /// The committed record as read (possibly a moment old: the final write,
     /// [`KeyStore::record_final`], is what arbitrates).
     pub record: Option<KeyRecord>,
-    /// Another transaction holds this key's claim right now: the key is in
-    /// flight, though no committed record shows it yet. A store that learns
-    /// this only when it opens the request's transaction (both stores here:
-    /// [`SingleTx::Busy`]) reports false.
+    /// Another transaction holds this key's claim right now (PostgreSQL:
+    /// its advisory lock was not free): the key is in flight, though no
+    /// committed record shows it yet.
     pub busy: bool,
     /// A transaction that already holds this key's claim, for the request
-    /// to run in if it executes; the caller rolls it back if it does not.
-    /// `None` when the observation took no lock, as on both stores here:
-    /// their observation is one plain read, so replays cost one round trip
-    /// and hold nothing.
+    /// to run in if it executes; the caller rolls it back if it does not
+    /// (PostgreSQL: opened after the read, on the same connection, unless
+    /// the record is replayable). `None` when the store took no lock: a
+    /// replayable record, or always on SQLite, whose claim is the writer
+    /// lock, taken at the endpoint's first write ([`SingleTx::Deferred`]).
     pub tx: Option<Tx>,
 }
 
@@ -513,11 +515,13 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<ClaimOutcome<Self::Tx>>> + Send;
 
     /// The observation of a single-phase request: its key's record and
-    /// whether another transaction is executing it, in as few statements as
-    /// the store allows (both stores: one plain read, outside any
-    /// transaction, so replays never queue for a writer or a lock; whether
-    /// the key is in flight is learnt when [`KeyStore::begin_single`] takes
-    /// its lock). See the module docs, "The single-phase protocol".
+    /// whether another transaction is executing it, in as few round trips as
+    /// the store allows. Both stores start with one plain read outside any
+    /// transaction, so a replay costs one round trip and never queues for a
+    /// writer or a lock; PostgreSQL then, unless the record is replayable,
+    /// opens the transaction with a `BEGIN` that takes the key's advisory
+    /// try-lock in the same message. See the module docs, "The single-phase
+    /// protocol".
     fn observe(
         &self,
         id: &KeyId,

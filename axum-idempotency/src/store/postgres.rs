@@ -16,7 +16,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_spec::Fingerprint;
+use idem_spec::{Fingerprint, KeyState};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -255,7 +255,12 @@ impl PgStore {
     /// transaction holds it: `BEGIN` and the try-lock in one message, one
     /// round trip where a `BEGIN` and a locking `SELECT` took two.
     async fn begin_locked(&self, id: &KeyId) -> Result<Option<PgTx>> {
-        match PgTx::begin_on(self.read().await?, begin_locked_sql(id)).await {
+        Self::lock_on(self.read().await?, id).await
+    }
+
+    /// [`PgStore::begin_locked`] on a connection the caller holds.
+    async fn lock_on(conn: PoolConnection<Postgres>, id: &KeyId) -> Result<Option<PgTx>> {
+        match PgTx::begin_on(conn, begin_locked_sql(id)).await {
             Ok(tx) => Ok(Some(tx)),
             Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(KEY_BUSY_SQLSTATE) => {
                 Ok(None)
@@ -307,20 +312,33 @@ impl KeyStore for PgStore {
         .await
     }
 
-    async fn observe(&self, id: &KeyId, _now: Millis) -> Result<Observed<Self::Tx>> {
+    async fn observe(&self, id: &KeyId, now: Millis) -> Result<Observed<Self::Tx>> {
         crate::metrics::timed(Stage::Observe, async {
             // One plain read, outside any transaction: a replay (or a
-            // mismatch) is answered after this one round trip. A first
-            // execution learns here only that the key is absent; whether
-            // another request is executing it is the lock's business, taken
-            // with the transaction's `BEGIN` in `begin_single` (or `claim`).
-            // A request that commits in between is caught by the final
-            // claim-and-record, which then loses (the protocol's race,
-            // argued in the store docs).
+            // mismatch) is answered after this one round trip and holds
+            // nothing. Otherwise the request will most likely claim the key,
+            // so the same connection goes on at once to the transaction's
+            // `BEGIN` with the key's lock (one more round trip, no second
+            // connection). A request that commits between the read and the
+            // lock is caught by the final claim-and-record, which then loses
+            // (the protocol's race, argued in the store docs).
+            let mut conn = self.read().await?;
+            let record = ops::pg::lookup(&mut conn, id).await?;
+            let replayable = record
+                .as_ref()
+                .is_some_and(|r| r.state == KeyState::Complete && r.replay_until > now);
+            if replayable {
+                return Ok(Observed {
+                    record,
+                    busy: false,
+                    tx: None,
+                });
+            }
+            let tx = Self::lock_on(conn, id).await?;
             Ok(Observed {
-                record: ops::pg::lookup(&mut *self.read().await?, id).await?,
-                busy: false,
-                tx: None,
+                record,
+                busy: tx.is_none(),
+                tx,
             })
         })
         .await
