@@ -96,7 +96,7 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "clauses: {} pass, {} fail, {} non-strict, {} unchecked (of {} server clauses)",
+        "clauses: {} pass, {} fail, {} non-strict, {} unchecked (of {} clauses in the matrix)",
         cv.pass,
         cv.fail,
         cv.non_strict,
