@@ -278,10 +278,17 @@ pub async fn run_once(
         }
         let _ = tokio::time::timeout(Duration::from_millis(20), changes.changed()).await;
     }
+    let mut attempts = server.attempts();
+    if matches!(exit, Exit::Killed(_)) {
+        // Sockets the kill closed are not the client giving up.
+        for a in &mut attempts {
+            a.client_gave_up = a.client_gave_up.filter(|g| *g < ended);
+        }
+    }
     Ok(RunRecord {
         scenario: sc.id,
         run,
-        attempts: server.attempts(),
+        attempts,
         exit,
         ended,
         stdout: out.stdout,
