@@ -132,8 +132,8 @@ pub enum Command {
         /// The SDK's configured overall deadline, in seconds.
         #[arg(long, default_value_t = 30, value_name = "SECS")]
         deadline: u64,
-        /// How many runs the jitter test makes (at least 4).
-        #[arg(long, default_value_t = 8, value_name = "N")]
+        /// How many runs the jitter test makes (at least 6).
+        #[arg(long, default_value_t = 12, value_name = "N")]
         runs: usize,
         /// Seed of the run (picks the Retry-After hints).
         #[arg(long)]

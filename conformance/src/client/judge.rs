@@ -40,7 +40,7 @@ pub const STOP_AT_ONCE: Duration = Duration::from_secs(2);
 /// constant.
 pub const JITTER_THRESHOLD: Duration = Duration::from_millis(100);
 /// The fewest runs that must have retried for the jitter test to judge.
-pub const JITTER_MIN_SAMPLES: usize = 4;
+pub const JITTER_MIN_SAMPLES: usize = 6;
 
 /// What every verdict is measured against.
 #[derive(Debug, Clone, Copy)]
@@ -279,12 +279,21 @@ fn interop(r: &RunRecord, out: &mut Vec<CheckReport>) {
 fn keys_on_retries(r: &RunRecord, out: &mut Vec<CheckReport>) {
     let a = &r.attempts;
     let keys: Vec<Option<String>> = a.iter().map(|x| x.key()).collect();
+    // A retry with no key is judged by idem.client.no-key-no-retry; this
+    // clause is about a retry with a different key.
     let first_keyed = keys.iter().flatten().next();
     let changed = keys
         .iter()
         .enumerate()
-        .find(|(_, k)| first_keyed.is_some() && k.as_ref() != first_keyed);
+        .find(|(_, k)| matches!((k, first_keyed), (Some(k), Some(f)) if k != f));
     if let Some(k0) = first_keyed {
+        let distinct = {
+            let mut d: Vec<&String> = keys.iter().flatten().collect();
+            d.sort();
+            d.dedup();
+            d.len()
+        };
+        let dropped = keys.iter().skip(1).filter(|k| k.is_none()).count();
         let mut c = check(
             "idem.client.same-key",
             Level::Must,
@@ -293,19 +302,15 @@ fn keys_on_retries(r: &RunRecord, out: &mut Vec<CheckReport>) {
             format!("every attempt of the operation carries key {k0}"),
             match changed {
                 Some((i, Some(k))) => format!("attempt {} carried a different key, {k}", i + 1),
-                Some((i, None)) => format!("attempt {} carried no key", i + 1),
-                None => format!("all {} attempts carried {k0}", a.len()),
+                _ if dropped > 0 => format!(
+                    "no attempt carried another key; {dropped} retr(y/ies) carried none (judged under idem.client.no-key-no-retry)"
+                ),
+                _ => format!("all {} attempts carried {k0}", a.len()),
             },
         );
         if changed.is_some() {
             c.headline = Some(format!(
-                "one operation sent {} different key value(s) over {} attempts: each retry is a new operation to the server",
-                {
-                    let mut d: Vec<&Option<String>> = keys.iter().collect();
-                    d.sort();
-                    d.dedup();
-                    d.len()
-                },
+                "one operation sent {distinct} different keys over {} attempts: each retry is a new operation to the server",
                 a.len()
             ));
         }
@@ -480,17 +485,28 @@ fn answers_and_retries(r: &RunRecord, lim: &Limits, out: &mut Vec<CheckReport>) 
     }
 }
 
+/// How many of the longest first delays the jitter test ignores: load on
+/// the machine only ever lengthens a delay, so the longest few are where a
+/// constant client's noise lands.
+pub const JITTER_TRIM: usize = 2;
+
 /// The chance that a client drawing its first delay with full jitter under
-/// `ceiling` is judged constant by the spread test: the range of `n`
-/// independent uniform draws on [0, ceiling] falls below `threshold` with
-/// probability `n r^(n-1) - (n-1) r^n`, r = threshold / ceiling.
+/// `ceiling` is judged constant by the jitter test: the spread of `n`
+/// independent uniform draws on [0, ceiling], without the
+/// [`JITTER_TRIM`] longest (`X(n-trim) - X(1)`, a Beta(n-trim-1, trim+2)
+/// variable), falls below `threshold`. With r = threshold / ceiling that is
+/// P(Binomial(n, r) >= n - trim - 1).
 pub fn false_alarm_rate(n: usize, threshold: Duration, ceiling: Duration) -> f64 {
-    if n < 2 || ceiling.is_zero() {
+    if n < JITTER_TRIM + 2 || ceiling.is_zero() {
         return 1.0;
     }
     let r = (threshold.as_secs_f64() / ceiling.as_secs_f64()).min(1.0);
-    let n = n as f64;
-    n * r.powf(n - 1.0) - (n - 1.0) * r.powf(n)
+    let choose = |n: usize, k: usize| -> f64 {
+        (0..k).fold(1.0, |acc, i| acc * (n - i) as f64 / (i + 1) as f64)
+    };
+    (n - JITTER_TRIM - 1..=n)
+        .map(|j| choose(n, j) * r.powi(j as i32) * (1.0 - r).powi((n - j) as i32))
+        .sum()
 }
 
 /// The first retry delay of one run: from the first answer to the second
@@ -508,9 +524,9 @@ pub fn judge_jitter(delays: &[Duration], runs: usize) -> Option<Vec<CheckReport>
     if delays.len() < JITTER_MIN_SAMPLES {
         return None;
     }
-    let min = delays.iter().min().copied().unwrap_or_default();
-    let max = delays.iter().max().copied().unwrap_or_default();
-    let spread = max - min;
+    let mut sorted = delays.to_vec();
+    sorted.sort();
+    let spread = sorted[sorted.len() - 1 - JITTER_TRIM] - sorted[0];
     let ok = spread >= JITTER_THRESHOLD;
     let rate = false_alarm_rate(delays.len(), JITTER_THRESHOLD, FIRST_CEILING);
     let list: Vec<String> = delays
@@ -518,13 +534,13 @@ pub fn judge_jitter(delays: &[Duration], runs: usize) -> Option<Vec<CheckReport>
         .map(|d| format!("{:.3}", d.as_secs_f64()))
         .collect();
     let observed = format!(
-        "{} of {runs} runs retried; first delays (s): {}; spread {}",
+        "{} of {runs} runs retried; first delays (s): {}; spread without the {JITTER_TRIM} longest {}",
         delays.len(),
         list.join(", "),
         secs(spread)
     );
     let permitted = format!(
-        "random delays: the first delays of repeated runs spread over at least {} (a full-jitter client with the default 500 ms base is wrongly judged constant with probability {rate:.1e} at {} runs)",
+        "random delays: the first delays of repeated runs, without the {JITTER_TRIM} longest, spread over at least {} (a full-jitter client with the default 500 ms base is wrongly judged constant with probability {rate:.1e} at {} runs)",
         secs(JITTER_THRESHOLD),
         delays.len()
     );

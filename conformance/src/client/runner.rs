@@ -201,7 +201,7 @@ impl Default for ClientOptions {
     fn default() -> Self {
         Self {
             deadline: judge::DEFAULT_DEADLINE,
-            runs: 8,
+            runs: 12,
             seed: None,
             only: None,
             success_body: "{}".to_owned(),
@@ -219,7 +219,9 @@ pub async fn run_once(
     run: u32,
     opts: &ClientOptions,
     contact: Duration,
+    contacted: Option<tokio::sync::mpsc::UnboundedSender<()>>,
 ) -> Result<RunRecord, Error> {
+    let mut contacted = contacted;
     let start = Instant::now();
     let lim = Limits {
         deadline: opts.deadline,
@@ -240,6 +242,11 @@ pub async fn run_once(
         let mut watching = true;
         loop {
             let attempts = server.attempts();
+            if !attempts.is_empty()
+                && let Some(tx) = contacted.take()
+            {
+                let _ = tx.send(());
+            }
             if attempts.len() > lim.attempt_ceiling() {
                 break (Exit::Killed(Kill::TooManyAttempts), ClientRun::default());
             }
@@ -265,6 +272,9 @@ pub async fn run_once(
         }
     };
     let ended = start.elapsed();
+    if let Some(tx) = contacted.take() {
+        let _ = tx.send(());
+    }
     // A client that gave up on a held attempt closed the socket as it
     // exited; give the server a moment (bounded) to note when.
     let pending = |s: &FaultServer| {
@@ -377,7 +387,7 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
         opts.deadline.as_secs(),
         opts.runs
     ));
-    let first = run_once(client.as_ref(), &pre, 0, opts, opts.first_contact).await?;
+    let first = run_once(client.as_ref(), &pre, 0, opts, opts.first_contact, None).await?;
     let mut base = base_report(client.as_ref(), seed, started_unix_secs);
     if first.attempts.is_empty() {
         base.harness_error = Some(never_contacted(client.as_ref(), &first, opts.first_contact));
@@ -403,41 +413,65 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
         .filter(|s| opts.only.as_deref().is_none_or(|p| glob(p, s.id)))
         .cloned()
         .collect();
-    let mut jobs: Vec<(Scenario, u32)> = Vec::new();
-    for s in &chosen {
-        let n = if s.repeated { opts.runs.max(2) } else { 1 };
-        for i in 0..n {
-            jobs.push((s.clone(), i as u32));
-        }
-    }
-    let total = jobs.len();
+    // Every scenario runs at once, each on its own server, except the
+    // jitter runs: they measure delays to a few milliseconds, so they start
+    // once the others have reached the API (the start-up burst is over)
+    // and run one after another.
+    let (single, repeated): (Vec<&Scenario>, Vec<&Scenario>) =
+        chosen.iter().partition(|s| !s.repeated);
+    let jitter_runs = opts.runs.max(2);
+    let total = single.len() + repeated.len() * jitter_runs;
     let mut set = tokio::task::JoinSet::new();
-    for (s, i) in jobs {
-        let (client, opts) = (client.clone(), opts.clone());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for s in &single {
+        let (client, opts, s, tx) = (client.clone(), opts.clone(), (*s).clone(), tx.clone());
         set.spawn(async move {
             let contact = opts.contact;
-            run_once(client.as_ref(), &s, i, &opts, contact).await
+            run_once(client.as_ref(), &s, 0, &opts, contact, Some(tx))
+                .await
+                .map(|r| vec![r])
+        });
+    }
+    drop(tx);
+    let settle = async {
+        let mut n = 0;
+        while n < single.len() && rx.recv().await.is_some() {
+            n += 1;
+        }
+    };
+    let _ = tokio::time::timeout(opts.contact, settle).await;
+    for s in &repeated {
+        let (client, opts, s) = (client.clone(), opts.clone(), (*s).clone());
+        set.spawn(async move {
+            let mut out = Vec::new();
+            for i in 0..jitter_runs {
+                let contact = opts.contact;
+                out.push(run_once(client.as_ref(), &s, i as u32, &opts, contact, None).await?);
+            }
+            Ok(out)
         });
     }
     let mut records: Vec<RunRecord> = vec![first];
     let mut done = 0;
     while let Some(j) = set.join_next().await {
-        let r = j.map_err(|e| Error::Report(format!("a run panicked: {e}")))??;
-        done += 1;
-        progress(format!(
-            "  [{done}/{total}] {} run {}: {} attempt(s), {}, {:.1} s",
-            r.scenario,
-            r.run + 1,
-            r.attempts.len(),
-            match &r.exit {
-                Exit::Finished { ok: true, .. } => "success".to_owned(),
-                Exit::Finished { .. } => "failure".to_owned(),
-                Exit::Killed(_) => "killed".to_owned(),
-                Exit::NotStarted(_) => "not started".to_owned(),
-            },
-            r.ended.as_secs_f64()
-        ));
-        records.push(r);
+        let rs = j.map_err(|e| Error::Report(format!("a run panicked: {e}")))??;
+        for r in rs {
+            done += 1;
+            progress(format!(
+                "  [{done}/{total}] {} run {}: {} attempt(s), {}, {:.1} s",
+                r.scenario,
+                r.run + 1,
+                r.attempts.len(),
+                match &r.exit {
+                    Exit::Finished { ok: true, .. } => "success".to_owned(),
+                    Exit::Finished { .. } => "failure".to_owned(),
+                    Exit::Killed(_) => "killed".to_owned(),
+                    Exit::NotStarted(_) => "not started".to_owned(),
+                },
+                r.ended.as_secs_f64()
+            ));
+            records.push(r);
+        }
     }
     records.sort_by_key(|r| r.run);
     let mut cases = Vec::new();
