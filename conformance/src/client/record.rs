@@ -202,6 +202,9 @@ pub struct RunRecord {
     pub stderr: String,
     /// The base URL it was given.
     pub base_url: String,
+    /// What the kit did about this run, if anything (a re-run), for the
+    /// timeline.
+    pub note: Option<String>,
 }
 
 impl RunRecord {
@@ -214,7 +217,7 @@ impl RunRecord {
     /// The recorded attempts as a timeline, one line each:
     /// `t=+0.000s POST /x key=… conn#1 → 503 Retry-After: 1`.
     pub fn timeline(&self) -> Vec<String> {
-        let mut out = Vec::new();
+        let mut out: Vec<String> = self.note.iter().cloned().collect();
         let mut prev: Option<Duration> = None;
         for (i, a) in self.attempts.iter().enumerate() {
             let key = match a.keys().as_slice() {

@@ -304,6 +304,7 @@ pub async fn run_once(
         stdout: out.stdout,
         stderr: out.stderr,
         base_url,
+        note: None,
     })
 }
 
@@ -427,9 +428,19 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
         let (client, opts, s, tx) = (client.clone(), opts.clone(), (*s).clone(), tx.clone());
         set.spawn(async move {
             let contact = opts.contact;
-            run_once(client.as_ref(), &s, 0, &opts, contact, Some(tx))
-                .await
-                .map(|r| vec![r])
+            let r = run_once(client.as_ref(), &s, 0, &opts, contact, Some(tx)).await?;
+            if !r.attempts.is_empty() {
+                return Ok(vec![r]);
+            }
+            // A run that never reached the API says nothing about retries;
+            // the preflight proved the command can, so it gets one re-run
+            // before the case is called an error.
+            let why = never_contacted(client.as_ref(), &r, contact);
+            let mut again = run_once(client.as_ref(), &s, 0, &opts, contact, None).await?;
+            again.note = Some(format!(
+                "re-run: the first run never reached the API ({why})"
+            ));
+            Ok(vec![again])
         });
     }
     drop(tx);
@@ -563,7 +574,7 @@ fn base_report(client: &dyn ClientUnderTest, seed: u64, started_unix_secs: u64) 
         profile: "client".to_owned(),
         manifest_sha256: hex::encode(sha2::Sha256::digest(name.as_bytes())),
         target: name,
-        base_url: "http://127.0.0.1 (a fault server per run)".to_owned(),
+        base_url: "127.0.0.1, one fault server per run".to_owned(),
         run_id: crate::runner::run_id(),
         seed,
         started_unix_secs,

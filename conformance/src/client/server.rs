@@ -386,9 +386,12 @@ fn find(buf: &[u8], pat: &[u8]) -> Option<usize> {
     buf.windows(pat.len()).position(|w| w == pat)
 }
 
+/// A request head's method, target and headers.
+type Head = (String, String, Vec<(String, String)>);
+
 /// Method, target and headers of a request head (which may lack its end,
 /// when only peeked).
-fn parse_head(buf: &[u8]) -> Option<(String, String, Vec<(String, String)>)> {
+fn parse_head(buf: &[u8]) -> Option<Head> {
     let end = find(buf, b"\r\n\r\n").unwrap_or(buf.len());
     let text = String::from_utf8_lossy(&buf[..end]);
     let mut lines = text.split("\r\n");

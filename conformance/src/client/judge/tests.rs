@@ -54,6 +54,7 @@ fn rec(attempts: Vec<Attempt>, exit: Exit, ended: u64) -> RunRecord {
         stdout: String::new(),
         stderr: String::new(),
         base_url: "http://127.0.0.1:1".to_owned(),
+        note: None,
     }
 }
 
