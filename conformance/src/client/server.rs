@@ -497,3 +497,131 @@ async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<O
         close,
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::scenario::all;
+
+    async fn start(id: &str) -> FaultServer {
+        let scenario = all(2)
+            .into_iter()
+            .find(|s| s.id == id)
+            .unwrap_or_else(|| panic!("scenario {id}"));
+        FaultServer::start(Setup {
+            scenario,
+            start: Instant::now(),
+            deadline: Duration::from_secs(30),
+            success_body: Arc::from(r#"{"id":"p_1"}"#),
+        })
+        .await
+        .expect("server starts")
+    }
+
+    async fn connect(s: &FaultServer) -> TcpStream {
+        TcpStream::connect(s.base_url().trim_start_matches("http://"))
+            .await
+            .expect("connects")
+    }
+
+    /// Reads until the peer closes or resets; the error kind, if any.
+    async fn drain(c: &mut TcpStream) -> (Vec<u8>, Option<std::io::ErrorKind>) {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), c.read(&mut buf)).await {
+                Ok(Ok(0)) => return (out, None),
+                Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+                Ok(Err(e)) => return (out, Some(e.kind())),
+                Err(_) => return (out, Some(std::io::ErrorKind::TimedOut)),
+            }
+            if find(&out, b"\r\n\r\n").is_some() && out.ends_with(b"}") {
+                return (out, None);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_chunked_post_is_recorded_whole_and_the_script_advances() {
+        let s = start("retry.502").await;
+        let mut c = connect(&s).await;
+        c.write_all(
+            b"POST /payments HTTP/1.1\r\nHost: x\r\nidempotency-key: k-1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{\"a\":\r\n2\r\n1}\r\n0\r\n\r\n",
+        )
+        .await
+        .expect("write");
+        let (first, _) = drain(&mut c).await;
+        assert!(first.starts_with(b"HTTP/1.1 502 "), "{first:?}");
+        // The same connection, the next step: the success body.
+        c.write_all(b"POST /payments HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            .await
+            .expect("write");
+        let (second, _) = drain(&mut c).await;
+        let text = String::from_utf8_lossy(&second);
+        assert!(text.starts_with("HTTP/1.1 201 "), "{text}");
+        assert!(text.ends_with(r#"{"id":"p_1"}"#), "{text}");
+        let a = s.attempts();
+        assert_eq!(a.len(), 2);
+        assert_eq!(a[0].body, r#"{"a":1}"#);
+        assert_eq!(a[0].key().as_deref(), Some("k-1"));
+        assert_eq!((a[0].conn, a[1].conn), (1, 1));
+        assert_eq!(a[1].answer, Answer::Success { code: 201 });
+    }
+
+    #[tokio::test]
+    async fn a_reset_after_reading_is_an_rst_with_the_request_recorded() {
+        let s = start("retry.reset-after-read").await;
+        let mut c = connect(&s).await;
+        c.write_all(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+            .await
+            .expect("write");
+        let (got, err) = drain(&mut c).await;
+        assert!(got.is_empty(), "no answer: {got:?}");
+        assert_eq!(err, Some(std::io::ErrorKind::ConnectionReset));
+        let a = s.attempts();
+        assert_eq!(a.len(), 1);
+        assert_eq!((a[0].method.as_str(), a[0].path.as_str()), ("POST", "/x"));
+        assert_eq!(a[0].answer, Answer::ResetAfterRead);
+    }
+
+    #[tokio::test]
+    async fn a_held_attempt_records_when_the_client_gave_up() {
+        let s = start("limits.hang").await;
+        let mut changes = s.watch();
+        let mut c = connect(&s).await;
+        c.write_all(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+            .await
+            .expect("write");
+        // Wait (bounded) until the server has recorded the attempt.
+        for _ in 0..50 {
+            if !s.attempts().is_empty() {
+                break;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(100), changes.changed()).await;
+        }
+        assert_eq!(s.attempts()[0].answer, Answer::Held);
+        assert_eq!(s.attempts()[0].client_gave_up, None);
+        drop(c);
+        for _ in 0..50 {
+            if s.attempts()[0].client_gave_up.is_some() {
+                break;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(100), changes.changed()).await;
+        }
+        assert!(s.attempts()[0].client_gave_up.is_some());
+    }
+
+    #[test]
+    fn hints_are_spelt_as_the_contract_allows() {
+        let (v, wait) = hint_value(Hint::Seconds(2), Duration::from_secs(30));
+        assert_eq!((v.as_str(), wait), ("2", Duration::from_secs(2)));
+        let (v, wait) = hint_value(Hint::PastDeadline(30), Duration::from_secs(30));
+        assert_eq!((v.as_str(), wait), ("60", Duration::from_secs(60)));
+        let (v, wait) = hint_value(Hint::DateIn(3), Duration::from_secs(30));
+        assert!(httpdate::parse_http_date(&v).is_ok(), "{v}");
+        assert!(
+            wait > Duration::from_secs(3) && wait <= Duration::from_secs(4),
+            "{wait:?}"
+        );
+    }
+}
