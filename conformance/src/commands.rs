@@ -117,6 +117,34 @@ pub enum Command {
         #[arg(long, value_name = "FILE")]
         from_openapi: Option<PathBuf>,
     },
+    /// Check a client or SDK: run COMMAND once per scenario against a
+    /// fault-injecting API at $IDEM_BASE_URL and judge its retries against
+    /// the contract's client clauses.
+    Client {
+        /// The command performing one POST with a JSON body through the SDK
+        /// under test, to any path under $IDEM_BASE_URL; exit 0 iff the SDK
+        /// finally got a 2xx. Run with `sh -c`.
+        #[arg(long = "run", value_name = "COMMAND")]
+        command: String,
+        /// The JSON body every success answers with.
+        #[arg(long, default_value = "{}", value_name = "JSON")]
+        success_body: String,
+        /// The SDK's configured overall deadline, in seconds.
+        #[arg(long, default_value_t = 30, value_name = "SECS")]
+        deadline: u64,
+        /// How many runs the jitter test makes (at least 6).
+        #[arg(long, default_value_t = 12, value_name = "N")]
+        runs: usize,
+        /// Seed of the run (picks the Retry-After hints).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Only scenarios matching this glob (the plain success always runs).
+        #[arg(long)]
+        only: Option<String>,
+        /// Reports.
+        #[command(flatten)]
+        out: Outputs,
+    },
     /// Re-run a saved counterexample against a target.
     Replay {
         /// The counterexample file written by a failing run.
@@ -218,11 +246,75 @@ pub async fn execute(cli: Cli) -> i32 {
             target,
             base_url,
         } => replay(&file, &target, base_url).await,
+        Command::Client {
+            command,
+            success_body,
+            deadline,
+            runs,
+            seed,
+            only,
+            out,
+        } => {
+            client(
+                command,
+                crate::client::ClientOptions {
+                    deadline: std::time::Duration::from_secs(deadline.max(1)),
+                    runs,
+                    seed,
+                    only,
+                    success_body,
+                    progress: true,
+                    ..crate::client::ClientOptions::default()
+                },
+                &out,
+            )
+            .await
+        }
     };
     result.unwrap_or_else(|e| {
         eprintln!("idem-conformance: {e}");
         EXIT_HARNESS
     })
+}
+
+/// The `client` subcommand: checks the command, prints and writes the
+/// reports; a command that never reached the API is a harness error.
+pub async fn client(
+    command: String,
+    opts: crate::client::ClientOptions,
+    out: &Outputs,
+) -> Result<i32, Error> {
+    if command.trim().is_empty() {
+        return Err(Error::Client("--run needs a command".to_owned()));
+    }
+    if serde_json::from_str::<serde_json::Value>(&opts.success_body).is_err() {
+        return Err(Error::Client(format!(
+            "--success-body is not JSON: {}",
+            opts.success_body
+        )));
+    }
+    if opts.runs < crate::client::judge::JITTER_MIN_SAMPLES {
+        return Err(Error::Client(format!(
+            "--runs must be at least {}",
+            crate::client::judge::JITTER_MIN_SAMPLES
+        )));
+    }
+    out.prepare()?;
+    let started = std::time::Instant::now();
+    let report = crate::client::run(
+        std::sync::Arc::new(crate::client::ShellCommand::new(command)),
+        &opts,
+    )
+    .await?;
+    let code = emit(&report, out)?;
+    eprintln!(
+        "idem-conformance client: wall time {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(why) = &report.harness_error {
+        eprintln!("idem-conformance: {why}");
+    }
+    Ok(code)
 }
 
 /// Loads a manifest, optionally pointing it at another base URL.

@@ -50,6 +50,9 @@ pub enum Error {
     /// ran. The message is one sentence saying what to fix.
     #[error("preflight: {0}")]
     Preflight(String),
+    /// The client check could not run the client under test as asked.
+    #[error("client: {0}")]
+    Client(String),
     /// A report could not be rendered.
     #[error("report: {0}")]
     Report(String),

@@ -54,11 +54,14 @@
 //! - [`waivers`]: waiver matching and staleness.
 //! - [`report`]: console, JSON, JUnit and HTML renderers.
 //! - [`demo`]: the zero-configuration run against the reference server.
-//! - [`commands`]: the CLI's subcommands (`demo`, `run`, `list`, `init`, `replay`).
+//! - [`client`]: the client check (`client --run`): a fault server, scenarios and
+//!   verdicts over any SDK's retries.
+//! - [`commands`]: the CLI's subcommands (`demo`, `run`, `list`, `init`, `replay`, `client`).
 
 pub mod case;
 pub mod cases;
 pub mod clause;
+pub mod client;
 pub mod commands;
 pub mod demo;
 mod error;

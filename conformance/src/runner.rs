@@ -406,8 +406,18 @@ pub fn empty_summary() -> Summary {
 /// Applies waivers and computes the clause matrix, the headlines and the
 /// summary: the numbers every renderer prints.
 pub fn finish(report: &mut Report, waivers: &[idem_spec::manifest::Waiver]) {
+    finish_where(report, waivers, &|c| c.party == Party::Server);
+}
+
+/// [`finish`] with the clause matrix over the clauses `keep` selects: the
+/// client check ([`crate::client`]) judges the clauses that bind clients.
+pub fn finish_where(
+    report: &mut Report,
+    waivers: &[idem_spec::manifest::Waiver],
+    keep: &dyn Fn(&clauses::Clause) -> bool,
+) {
     report.waivers = crate::waivers::apply(waivers, &mut report.cases);
-    report.clauses = clause_matrix(&report.cases);
+    report.clauses = clause_matrix_where(&report.cases, keep);
     let mut s = empty_summary();
     for c in &report.cases {
         match c.verdict {
@@ -495,6 +505,14 @@ pub fn headlines(cases: &[CaseReport]) -> Vec<Headline> {
 /// One row per server clause: the worst verdict of the checks made of it.
 /// A clause no check judged has no verdict, only the reason why.
 pub fn clause_matrix(cases: &[CaseReport]) -> Vec<ClauseReport> {
+    clause_matrix_where(cases, &|c| c.party == Party::Server)
+}
+
+/// [`clause_matrix`] over the clauses `keep` selects.
+pub fn clause_matrix_where(
+    cases: &[CaseReport],
+    keep: &dyn Fn(&clauses::Clause) -> bool,
+) -> Vec<ClauseReport> {
     #[derive(Default)]
     struct Row {
         cases: Vec<String>,
@@ -532,7 +550,7 @@ pub fn clause_matrix(cases: &[CaseReport]) -> Vec<ClauseReport> {
     }
     clauses::all()
         .iter()
-        .filter(|c| c.party == Party::Server)
+        .filter(|c| keep(c))
         .map(|cl| {
             let row = rows.remove(cl.id.as_str()).unwrap_or_default();
             let unchecked = row.verdict.is_none().then(|| {

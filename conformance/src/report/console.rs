@@ -96,12 +96,19 @@ pub fn render(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "clauses: {} pass, {} fail, {} non-strict, {} unchecked (of {} server clauses)",
+        "clauses: {} pass, {} fail, {} non-strict, {} unchecked (of {} {} clauses)",
         cv.pass,
         cv.fail,
         cv.non_strict,
         cv.unchecked,
-        r.clauses.len()
+        r.clauses.len(),
+        // The client check's matrix holds the client clauses (and the
+        // key's wire clauses it judges).
+        if r.profile == "client" {
+            "client"
+        } else {
+            "server"
+        }
     );
     for (class, list) in [
         ("safety", &sm.unsafe_clauses),

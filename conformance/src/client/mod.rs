@@ -1,0 +1,21 @@
+//! The client check: `idem-conformance client --run 'COMMAND'` judges any
+//! SDK's retry behaviour against the contract's client clauses
+//! (`idem.client.*`, book chapter "Client guidance and SDK defaults").
+//!
+//! The kit serves a fault-injecting HTTP/1 API on 127.0.0.1 ([`server`]),
+//! one server per run, scripted by a [`scenario`]; runs the client under
+//! test ([`runner::ClientUnderTest`]: a shell command told only
+//! `IDEM_BASE_URL`, or an in-process async closure) once per scenario run,
+//! in parallel, bounded in time and requests; records every attempt
+//! ([`record`]); and judges the records with pure functions ([`judge`]).
+//! The result is the kit's one [`idem_spec::report::Report`], rendered by
+//! the same console, JSON, JUnit and HTML renderers as the server check,
+//! with the same UNSAFE / DEVIATES / CONFORMS result and exit codes.
+
+pub mod judge;
+pub mod record;
+pub mod runner;
+pub mod scenario;
+pub mod server;
+
+pub use runner::{ClientOptions, ClientRun, ClientUnderTest, ShellCommand, run};

@@ -1,0 +1,688 @@
+//! Runs the client under test once per scenario run, each against its own
+//! fault server, in parallel, bounded in time and in requests, and turns
+//! the records into the kit's one report.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use idem_spec::clauses::{Level, Party};
+use idem_spec::report::{CaseReport, Report, Verdict};
+use sha2::Digest;
+
+use super::judge::{self, Limits};
+use super::record::{Exit, Kill, RunRecord};
+use super::scenario::{self, Scenario};
+use super::server::{FaultServer, Setup};
+use crate::Error;
+
+/// What one invocation of the client under test reported.
+#[derive(Debug, Clone, Default)]
+pub struct ClientRun {
+    /// Whether the SDK finally got a 2xx (exit 0, or the closure's `true`).
+    pub ok: bool,
+    /// The process exit code, for a command.
+    pub code: Option<i32>,
+    /// Its stdout (truncated).
+    pub stdout: String,
+    /// Its stderr (truncated).
+    pub stderr: String,
+}
+
+/// The future an invocation returns. Dropping it must stop the client:
+/// that is how the kit ends a run that went on too long.
+pub type Invocation<'a> = Pin<Box<dyn Future<Output = Result<ClientRun, String>> + Send + 'a>>;
+
+/// A client (SDK) under test: performs one state-changing call against
+/// `base_url` per invocation. Implemented by [`ShellCommand`] and by any
+/// async closure `Fn(String) -> impl Future<Output = bool>`.
+pub trait ClientUnderTest: Send + Sync {
+    /// What the report names as the target.
+    fn describe(&self) -> String;
+    /// How to reproduce one run by hand, if there is a way.
+    fn reproduce(&self, base_url: &str) -> Option<String> {
+        let _ = base_url;
+        None
+    }
+    /// Performs one operation against `base_url`.
+    fn invoke(&self, base_url: String) -> Invocation<'_>;
+}
+
+impl<F, Fut> ClientUnderTest for F
+where
+    F: Fn(String) -> Fut + Send + Sync,
+    Fut: Future<Output = bool> + Send + 'static,
+{
+    fn describe(&self) -> String {
+        "in-process client".to_owned()
+    }
+
+    fn invoke(&self, base_url: String) -> Invocation<'_> {
+        let fut = self(base_url);
+        Box::pin(async move {
+            Ok(ClientRun {
+                ok: fut.await,
+                ..ClientRun::default()
+            })
+        })
+    }
+}
+
+/// A shell command (`sh -c COMMAND`) told the API's base URL in
+/// `IDEM_BASE_URL` and nothing else; exit 0 means a final 2xx.
+#[derive(Debug, Clone)]
+pub struct ShellCommand {
+    /// The command line.
+    pub command: String,
+}
+
+impl ShellCommand {
+    /// The command `command`.
+    pub fn new(command: impl Into<String>) -> Self {
+        Self {
+            command: command.into(),
+        }
+    }
+}
+
+/// How much of a command's output the kit keeps.
+const OUTPUT_CAP: usize = 16 * 1024;
+
+/// Kills a process group when dropped: the command's children too, when
+/// the run ends or the kit stops it.
+struct Group(Option<u32>);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.take() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
+async fn read_capped(r: Option<impl tokio::io::AsyncRead + Unpin>) -> String {
+    use tokio::io::AsyncReadExt;
+    let Some(mut r) = r else {
+        return String::new();
+    };
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = r.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        if out.len() < OUTPUT_CAP {
+            out.extend_from_slice(&buf[..n.min(OUTPUT_CAP - out.len())]);
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl ClientUnderTest for ShellCommand {
+    fn describe(&self) -> String {
+        format!("client: {}", self.command)
+    }
+
+    fn reproduce(&self, base_url: &str) -> Option<String> {
+        Some(format!(
+            "IDEM_BASE_URL={base_url} sh -c {}",
+            shell_quote(&self.command)
+        ))
+    }
+
+    fn invoke(&self, base_url: String) -> Invocation<'_> {
+        Box::pin(async move {
+            let mut cmd = tokio::process::Command::new("sh");
+            cmd.arg("-c")
+                .arg(&self.command)
+                .env("IDEM_BASE_URL", &base_url)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .process_group(0)
+                .kill_on_drop(true);
+            let mut child = cmd.spawn().map_err(|e| format!("cannot run sh: {e}"))?;
+            let _group = Group(child.id());
+            let out = tokio::spawn(read_capped(child.stdout.take()));
+            let err = tokio::spawn(read_capped(child.stderr.take()));
+            let status = child.wait().await.map_err(|e| e.to_string())?;
+            drop(_group);
+            // The group is gone, so the pipes close; bounded all the same.
+            let grab = |h: tokio::task::JoinHandle<String>| async move {
+                tokio::time::timeout(Duration::from_secs(2), h)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .unwrap_or_default()
+            };
+            Ok(ClientRun {
+                ok: status.success(),
+                code: status.code(),
+                stdout: grab(out).await,
+                stderr: grab(err).await,
+            })
+        })
+    }
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// Options of a client check.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// The client's configured overall deadline.
+    pub deadline: Duration,
+    /// How many runs the jitter test makes.
+    pub runs: usize,
+    /// Seed of the run (picks the `Retry-After` hints); random when absent.
+    pub seed: Option<u64>,
+    /// Only scenarios whose ID matches this glob (the plain success always
+    /// runs first, as the preflight).
+    pub only: Option<String>,
+    /// The JSON a success answers with.
+    pub success_body: String,
+    /// Progress lines on stderr.
+    pub progress: bool,
+    /// How long the first run may take to reach the API (a command that
+    /// builds before it runs needs a while).
+    pub first_contact: Duration,
+    /// How long every later run may take to reach the API.
+    pub contact: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            deadline: judge::DEFAULT_DEADLINE,
+            runs: 12,
+            seed: None,
+            only: None,
+            success_body: "{}".to_owned(),
+            progress: false,
+            first_contact: Duration::from_secs(300),
+            contact: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Runs `client` once in `sc` against a fresh fault server.
+pub async fn run_once(
+    client: &dyn ClientUnderTest,
+    sc: &Scenario,
+    run: u32,
+    opts: &ClientOptions,
+    contact: Duration,
+    contacted: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+) -> Result<RunRecord, Error> {
+    let mut contacted = contacted;
+    let start = Instant::now();
+    let lim = Limits {
+        deadline: opts.deadline,
+    };
+    let server = FaultServer::start(Setup {
+        scenario: sc.clone(),
+        start,
+        deadline: opts.deadline,
+        success_body: Arc::from(opts.success_body.as_str()),
+    })
+    .await
+    .map_err(|e| Error::Server(format!("fault server: {e}")))?;
+    let base_url = server.base_url().to_owned();
+    let mut changes = server.watch();
+    let (exit, out) = {
+        let fut = client.invoke(base_url.clone());
+        tokio::pin!(fut);
+        let mut watching = true;
+        loop {
+            let attempts = server.attempts();
+            if !attempts.is_empty()
+                && let Some(tx) = contacted.take()
+            {
+                let _ = tx.send(());
+            }
+            if attempts.len() > lim.attempt_ceiling() {
+                break (Exit::Killed(Kill::TooManyAttempts), ClientRun::default());
+            }
+            let (limit, why) = match attempts.first() {
+                None => (start + contact, Kill::NeverContacted),
+                Some(a) => (
+                    start + a.at + opts.deadline + lim.grace(),
+                    Kill::PastDeadline,
+                ),
+            };
+            tokio::select! {
+                r = &mut fut => break match r {
+                    Ok(c) => (Exit::Finished { ok: c.ok, code: c.code }, c),
+                    Err(e) => (Exit::NotStarted(e), ClientRun::default()),
+                },
+                () = tokio::time::sleep_until(limit.into()) => {
+                    break (Exit::Killed(why), ClientRun::default());
+                }
+                changed = changes.changed(), if watching => {
+                    watching = changed.is_ok();
+                }
+            }
+        }
+    };
+    let ended = start.elapsed();
+    if let Some(tx) = contacted.take() {
+        let _ = tx.send(());
+    }
+    // A client that gave up on a held attempt closed the socket as it
+    // exited; give the server a moment (bounded) to note when.
+    let pending = |s: &FaultServer| {
+        s.attempts()
+            .iter()
+            .any(|a| a.answer == super::record::Answer::Held && a.client_gave_up.is_none())
+    };
+    for _ in 0..10 {
+        if !pending(&server) {
+            break;
+        }
+        let _ = tokio::time::timeout(Duration::from_millis(20), changes.changed()).await;
+    }
+    let mut attempts = server.attempts();
+    if matches!(exit, Exit::Killed(_)) {
+        // Sockets the kill closed are not the client giving up.
+        for a in &mut attempts {
+            a.client_gave_up = a.client_gave_up.filter(|g| *g < ended);
+        }
+    }
+    Ok(RunRecord {
+        scenario: sc.id,
+        run,
+        attempts,
+        exit,
+        ended,
+        stdout: out.stdout,
+        stderr: out.stderr,
+        base_url,
+        note: None,
+    })
+}
+
+/// Why a run that never reached the API did not, in one sentence.
+fn never_contacted(client: &dyn ClientUnderTest, r: &RunRecord, contact: Duration) -> String {
+    let tail = |s: &str| {
+        s.lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .unwrap_or("")
+            .to_owned()
+    };
+    match &r.exit {
+        Exit::NotStarted(e) => format!("could not start {}: {e}", client.describe()),
+        Exit::Finished {
+            code: Some(127), ..
+        } => format!(
+            "command not found: {} (sh said: {})",
+            client.describe(),
+            tail(&r.stderr)
+        ),
+        Exit::Finished { code, ok } => format!(
+            "{} never contacted the API: it {} without sending a request to IDEM_BASE_URL={}{}",
+            client.describe(),
+            match (ok, code) {
+                (_, Some(c)) => format!("exited with code {c}"),
+                (true, None) => "returned success".to_owned(),
+                (false, None) => "returned failure".to_owned(),
+            },
+            r.base_url,
+            match tail(&r.stderr) {
+                t if t.is_empty() => String::new(),
+                t => format!("; its stderr ends: {t}"),
+            }
+        ),
+        Exit::Killed(_) => format!(
+            "{} never contacted the API at IDEM_BASE_URL={} within {} s; killed",
+            client.describe(),
+            r.base_url,
+            contact.as_secs()
+        ),
+    }
+}
+
+fn glob(pattern: &str, id: &str) -> bool {
+    crate::waivers::matches(pattern, id)
+}
+
+/// Checks `client` against the contract's client clauses: the plain
+/// success first (a harness error when the client never reaches the API),
+/// then every other scenario run in parallel, each on its own server.
+pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Result<Report, Error> {
+    let started = Instant::now();
+    let started_unix_secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let seed = opts.seed.unwrap_or_else(|| {
+        u64::from_le_bytes(
+            uuid::Uuid::new_v4().as_bytes()[..8]
+                .try_into()
+                .unwrap_or([0; 8]),
+        )
+    });
+    let lim = Limits {
+        deadline: opts.deadline,
+    };
+    let all = scenario::all(2 + seed % 2);
+    let progress = |s: String| {
+        if opts.progress {
+            eprintln!("{s}");
+        }
+    };
+    let pre = all
+        .iter()
+        .find(|s| s.id == scenario::PREFLIGHT)
+        .cloned()
+        .ok_or_else(|| Error::Report("no preflight scenario".into()))?;
+    progress(format!(
+        "idem-conformance client: {} (deadline {} s, {} jitter runs)",
+        client.describe(),
+        opts.deadline.as_secs(),
+        opts.runs
+    ));
+    let first = run_once(client.as_ref(), &pre, 0, opts, opts.first_contact, None).await?;
+    let mut base = base_report(client.as_ref(), seed, started_unix_secs);
+    if first.attempts.is_empty() {
+        base.harness_error = Some(never_contacted(client.as_ref(), &first, opts.first_contact));
+        base.duration_ms = started.elapsed().as_millis() as u64;
+        finish(&mut base);
+        return Ok(base);
+    }
+    progress(format!(
+        "  {} run 1: {} attempt(s), {:.1} s",
+        pre.id,
+        first.attempts.len(),
+        first.ended.as_secs_f64()
+    ));
+    base.preflight = vec![format!(
+        "{} reached the API ({} {}) and finished",
+        client.describe(),
+        first.attempts[0].method,
+        first.attempts[0].path
+    )];
+    let chosen: Vec<Scenario> = all
+        .iter()
+        .filter(|s| s.id != scenario::PREFLIGHT)
+        .filter(|s| opts.only.as_deref().is_none_or(|p| glob(p, s.id)))
+        .cloned()
+        .collect();
+    // Every scenario runs at once, each on its own server, except the
+    // jitter runs: they measure delays to a few milliseconds, so they start
+    // once the others have reached the API (the start-up burst is over)
+    // and run one after another.
+    let (single, repeated): (Vec<&Scenario>, Vec<&Scenario>) =
+        chosen.iter().partition(|s| !s.repeated);
+    let jitter_runs = opts.runs.max(2);
+    let total = single.len() + repeated.len() * jitter_runs;
+    let mut set = tokio::task::JoinSet::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for s in &single {
+        let (client, opts, s, tx) = (client.clone(), opts.clone(), (*s).clone(), tx.clone());
+        set.spawn(async move {
+            let contact = opts.contact;
+            let r = run_once(client.as_ref(), &s, 0, &opts, contact, Some(tx)).await?;
+            if !r.attempts.is_empty() {
+                return Ok(vec![r]);
+            }
+            // A run that never reached the API says nothing about retries;
+            // the preflight proved the command can, so it gets one re-run
+            // before the case is called an error.
+            let why = never_contacted(client.as_ref(), &r, contact);
+            let mut again = run_once(client.as_ref(), &s, 0, &opts, contact, None).await?;
+            again.note = Some(format!(
+                "re-run: the first run never reached the API ({why})"
+            ));
+            Ok(vec![again])
+        });
+    }
+    drop(tx);
+    let settle = async {
+        let mut n = 0;
+        while n < single.len() && rx.recv().await.is_some() {
+            n += 1;
+        }
+    };
+    let _ = tokio::time::timeout(opts.contact, settle).await;
+    for s in &repeated {
+        let (client, opts, s) = (client.clone(), opts.clone(), (*s).clone());
+        set.spawn(async move {
+            let mut out = Vec::new();
+            for i in 0..jitter_runs {
+                let contact = opts.contact;
+                out.push(run_once(client.as_ref(), &s, i as u32, &opts, contact, None).await?);
+            }
+            Ok(out)
+        });
+    }
+    let mut records: Vec<RunRecord> = vec![first];
+    let mut done = 0;
+    while let Some(j) = set.join_next().await {
+        let rs = j.map_err(|e| Error::Report(format!("a run panicked: {e}")))??;
+        for r in rs {
+            done += 1;
+            progress(format!(
+                "  [{done}/{total}] {} run {}: {} attempt(s), {}, {:.1} s",
+                r.scenario,
+                r.run + 1,
+                r.attempts.len(),
+                match &r.exit {
+                    Exit::Finished { ok: true, .. } => "success".to_owned(),
+                    Exit::Finished { .. } => "failure".to_owned(),
+                    Exit::Killed(_) => "killed".to_owned(),
+                    Exit::NotStarted(_) => "not started".to_owned(),
+                },
+                r.ended.as_secs_f64()
+            ));
+            records.push(r);
+        }
+    }
+    records.sort_by_key(|r| r.run);
+    let mut cases = Vec::new();
+    for s in std::iter::once(&pre).chain(chosen.iter()) {
+        let rs: Vec<&RunRecord> = records.iter().filter(|r| r.scenario == s.id).collect();
+        cases.push(case_report(client.as_ref(), s, &rs, &lim, opts.runs));
+    }
+    let keyed: Vec<(String, String)> = records
+        .iter()
+        .filter_map(|r| {
+            let k = r.attempts.first()?.key()?;
+            Some((format!("{} run {}", r.scenario, r.run + 1), k))
+        })
+        .collect();
+    if let Some(c) = judge::judge_key_per_operation(&keyed) {
+        let verdict = c.verdict;
+        cases.push(CaseReport {
+            id: "keys.per-operation".to_owned(),
+            family: "keys".to_owned(),
+            title: "each run of the command is a new operation with a new key".to_owned(),
+            tier: Level::Must,
+            clauses: vec![c.clause.clone()],
+            verdict,
+            reason: None,
+            narrative: keyed.iter().map(|(l, k)| format!("{l}: key {k}")).collect(),
+            checks: vec![c],
+            reproduction: Vec::new(),
+            waived: None,
+            duration_ms: 0,
+            side_effect_requests: 0,
+            rerun: None,
+        });
+    }
+    base.requests = records.iter().map(|r| r.attempts.len() as u64).sum();
+    base.side_effect_requests = records
+        .iter()
+        .flat_map(|r| r.attempts.iter())
+        .filter(|a| a.non_idempotent())
+        .count() as u64;
+    base.cases = cases;
+    base.duration_ms = started.elapsed().as_millis() as u64;
+    finish(&mut base);
+    Ok(base)
+}
+
+/// The clauses no run can observe from the wire, and why.
+pub const UNOBSERVABLE: &[(&str, &str)] = &[
+    (
+        "idem.client.observability",
+        "logs and metrics stay inside the client; nothing on the wire shows them",
+    ),
+    (
+        "idem.client.budget",
+        "a budget shows only across many operations of one process; each run is one operation",
+    ),
+    (
+        "idem.client.key-derivation",
+        "where a key comes from (an event, a unit of work) is not visible on the wire",
+    ),
+    (
+        "idem.client.decorrelated-jitter",
+        "a MAY: any random delay passes the jitter test",
+    ),
+];
+
+fn finish(report: &mut Report) {
+    let cited: std::collections::BTreeSet<String> = report
+        .cases
+        .iter()
+        .flat_map(|c| c.checks.iter().map(|k| k.clause.clone()))
+        .collect();
+    crate::runner::finish_where(report, &[], &|c| {
+        c.party == Party::Client || cited.contains(&c.id)
+    });
+    for row in &mut report.clauses {
+        if let Some((_, why)) = UNOBSERVABLE.iter().find(|(id, _)| *id == row.id)
+            && row.verdict.is_none()
+        {
+            row.unchecked = Some((*why).to_owned());
+        }
+    }
+}
+
+fn base_report(client: &dyn ClientUnderTest, seed: u64, started_unix_secs: u64) -> Report {
+    let name = client.describe();
+    Report {
+        kit_version: crate::KIT_VERSION.to_owned(),
+        contract_version: idem_spec::CONTRACT_VERSION.to_owned(),
+        profile: "client".to_owned(),
+        manifest_sha256: hex::encode(sha2::Sha256::digest(name.as_bytes())),
+        target: name,
+        base_url: "127.0.0.1, one fault server per run".to_owned(),
+        run_id: crate::runner::run_id(),
+        seed,
+        started_unix_secs,
+        duration_ms: 0,
+        side_effect_requests: 0,
+        requests: 0,
+        preflight: Vec::new(),
+        harness_error: None,
+        headlines: Vec::new(),
+        cases: Vec::new(),
+        clauses: Vec::new(),
+        waivers: Vec::new(),
+        summary: crate::runner::empty_summary(),
+    }
+}
+
+/// One scenario's case: every run judged, the jitter test for the
+/// repeated scenario, every run's timeline as the narrative.
+pub fn case_report(
+    client: &dyn ClientUnderTest,
+    sc: &Scenario,
+    runs: &[&RunRecord],
+    lim: &Limits,
+    want_runs: usize,
+) -> CaseReport {
+    let mut checks = Vec::new();
+    let mut narrative = Vec::new();
+    let mut silent = Vec::new();
+    for r in runs {
+        if r.attempts.is_empty() {
+            silent.push(never_contacted(client, r, Duration::ZERO));
+        }
+        checks.extend(judge::judge_run(sc, r, lim));
+        let prefix = if runs.len() > 1 {
+            format!("run {}: ", r.run + 1)
+        } else {
+            String::new()
+        };
+        narrative.extend(r.timeline().into_iter().map(|l| format!("{prefix}{l}")));
+    }
+    let mut reason = None;
+    if sc.repeated {
+        let delays: Vec<Duration> = runs.iter().filter_map(|r| judge::first_delay(r)).collect();
+        match judge::judge_jitter(&delays, runs.len().max(want_runs)) {
+            Some(j) => checks.extend(j),
+            None => {
+                reason = Some(format!(
+                    "jitter not judged: only {} of {} runs retried the 503 (at least {} must)",
+                    delays.len(),
+                    runs.len(),
+                    judge::JITTER_MIN_SAMPLES
+                ));
+            }
+        }
+    }
+    let mut verdict = judge::worst(&checks);
+    if reason.is_some() && verdict == Verdict::Pass {
+        // Not judged is not passed.
+        verdict = Verdict::Inconclusive;
+    }
+    if !silent.is_empty() {
+        verdict = Verdict::Error;
+        reason = Some(silent.join("; "));
+    }
+    let mut clauses: Vec<String> = checks.iter().map(|c| c.clause.clone()).collect();
+    clauses.sort();
+    clauses.dedup();
+    let mut reproduction = Vec::new();
+    if verdict != Verdict::Pass {
+        for r in runs.iter().take(1) {
+            if let Some(line) = client.reproduce(&r.base_url) {
+                reproduction.push(format!(
+                    "{line}   # against the kit's fault server for {}",
+                    sc.id
+                ));
+            }
+            for (name, text) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
+                let t = text.trim();
+                if !t.is_empty() {
+                    let tail: Vec<&str> = t.lines().rev().take(8).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    reproduction.push(format!("{name} (last lines):\n{}", tail.join("\n")));
+                }
+            }
+        }
+    }
+    CaseReport {
+        id: sc.id.to_owned(),
+        family: sc.family().to_owned(),
+        title: sc.title.to_owned(),
+        tier: Level::Must,
+        clauses,
+        verdict,
+        reason,
+        checks,
+        narrative,
+        reproduction,
+        waived: None,
+        duration_ms: runs
+            .iter()
+            .map(|r| r.ended.as_millis() as u64)
+            .max()
+            .unwrap_or(0),
+        side_effect_requests: runs
+            .iter()
+            .flat_map(|r| r.attempts.iter())
+            .filter(|a| a.non_idempotent())
+            .count() as u64,
+        rerun: None,
+    }
+}
