@@ -670,7 +670,8 @@ pub(crate) fn retire_if_in_transaction<C: sqlx::Connection>(
     })
 }
 
-/// How long a pooled connection may sit idle before [`usable`] pings it.
+/// How long a pooled connection may sit idle before the stores' pool options ping
+/// it on its next acquire (instead of sqlx's ping at every acquire).
 pub const PING_IDLE_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The pool's `before_acquire` hook, in place of sqlx's
