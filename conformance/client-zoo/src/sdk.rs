@@ -136,14 +136,15 @@ pub(crate) struct Timing {
 }
 
 impl Timing {
-    /// The contract's defaults (`client/src/policy.rs`).
+    /// The contract's defaults, taken from idem-client's policy where it names them as
+    /// constants (the backoff's base and cap and the attempt cap are literals there too).
     pub(crate) const DEFAULT: Timing = Timing {
         base: Duration::from_millis(500),
         cap: Duration::from_secs(20),
-        deadline: Duration::from_secs(30),
-        attempt_timeout: Duration::from_secs(10),
+        deadline: idem_client::policy::DEFAULT_DEADLINE,
+        attempt_timeout: idem_client::policy::DEFAULT_ATTEMPT_TIMEOUT,
         max_attempts: 3,
-        max_sends: 10,
+        max_sends: idem_client::policy::DEFAULT_MAX_SENDS,
     };
 }
 
