@@ -97,7 +97,7 @@ pub fn decide<'a>(seen: &Seen<'a>, ask: &Ask<'_>, now: Millis) -> Decision<'a> {
     let mismatch = |fingerprint: &Fingerprint| fingerprint != ask.fingerprint;
     if let Some(rec) = seen.stored {
         match rec.state {
-            KeyState::Complete if now < rec.replay_until => {
+            KeyState::Complete if rec.replayable(now) => {
                 if mismatch(&rec.fingerprint) {
                     return Decision::Reject(Reject::Mismatch);
                 }

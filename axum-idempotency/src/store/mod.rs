@@ -314,6 +314,15 @@ pub struct KeyRecord {
     pub response: Option<StoredResponse>,
 }
 
+impl KeyRecord {
+    /// Complete and inside its replay window at `now`: a request with this
+    /// key is answered from the record ([`crate::decide`]), and the
+    /// PostgreSQL store's observation takes no lock for it.
+    pub fn replayable(&self, now: Millis) -> bool {
+        self.state == KeyState::Complete && now < self.replay_until
+    }
+}
+
 /// Everything the claim statement writes.
 #[derive(Debug, Clone)]
 pub struct ClaimRequest<'a> {

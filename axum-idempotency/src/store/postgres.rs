@@ -16,7 +16,7 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_spec::{Fingerprint, KeyState};
+use idem_spec::Fingerprint;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -324,10 +324,7 @@ impl KeyStore for PgStore {
             // (the protocol's race, argued in the store docs).
             let mut conn = self.read().await?;
             let record = ops::pg::lookup(&mut conn, id).await?;
-            let replayable = record
-                .as_ref()
-                .is_some_and(|r| r.state == KeyState::Complete && r.replay_until > now);
-            if replayable {
+            if record.as_ref().is_some_and(|r| r.replayable(now)) {
                 return Ok(Observed {
                     record,
                     busy: false,
