@@ -514,7 +514,7 @@ const READER_SEARCHES: [(&str, &[(&str, &str)]); 7] = [
     ),
     ("lease", &[("multi-step.html", "leases-and-fencing")]),
     ("deadline", &[("client.html", "deadlines")]),
-    ("jitter", &[("client.html", "backoff-and-jitter")]),
+    ("jitter", &[("backoff.html", "backoff-and-jitter")]),
 ];
 
 /// The searches to run: every error code's plain words, which must find the
