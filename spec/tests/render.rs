@@ -86,6 +86,101 @@ fn the_index_shows_class_and_the_full_statement() {
 }
 
 #[test]
+fn the_index_has_one_table_per_chapter_and_folds_what_checks_a_clause() {
+    let id = "idem.scope.caller";
+    let citations: Vec<Citation> = (0..40)
+        .map(|i| {
+            cite(
+                id,
+                &format!("reference-server/tests/t{i}.rs:1"),
+                &format!("test_{i}"),
+                CitationKind::Test,
+            )
+        })
+        .chain([cite(
+            id,
+            "conformance/src/cases/scoping.rs:12",
+            "scope.other-caller",
+            CitationKind::Case,
+        )])
+        .collect();
+    let index = support::render_page("{{#idem-clause-index}}\n", &citations);
+    // One heading and one table per chapter, in book order, each table in
+    // the block the book's CSS styles.
+    let mut pages: Vec<&str> = Vec::new();
+    for c in clauses::all() {
+        let page = c.anchor.split('#').next().unwrap_or_default();
+        if pages.last() != Some(&page) {
+            assert!(
+                !pages.contains(&page),
+                "{page} comes back after another chapter"
+            );
+            pages.push(page);
+        }
+    }
+    let headings: Vec<&str> = index
+        .lines()
+        .filter_map(|l| l.strip_prefix("## "))
+        .collect();
+    assert_eq!(
+        headings, pages,
+        "without chapter names, the headings are the pages"
+    );
+    assert_eq!(
+        index.matches("<div class=\"clause-index\">").count(),
+        pages.len()
+    );
+    assert_eq!(index.matches("</div>").count(), pages.len());
+    assert_eq!(
+        index
+            .matches("| Clause | Level | Class | Binds | Statement | Checked by |")
+            .count(),
+        pages.len()
+    );
+    // Forty tests are one line until opened.
+    let row = index
+        .lines()
+        .find(|l| l.starts_with(&format!("| [`{id}`]")))
+        .expect("the clause's row");
+    assert!(
+        row.contains("<details><summary>1 kit case, 40 tests</summary>Kit: `scope.other-caller`<br>`test_0` (`reference-server/tests/t0.rs`)<br>"),
+        "{row}"
+    );
+    assert!(
+        row.ends_with("`test_39` (`reference-server/tests/t39.rs`)</details> |"),
+        "{row}"
+    );
+    // Nothing checks a clause: a dash, not an empty fold.
+    let other = clauses::all()
+        .iter()
+        .find(|c| c.id != id)
+        .expect("another clause");
+    let row = index
+        .lines()
+        .find(|l| l.starts_with(&format!("| [`{}`]", other.id)))
+        .expect("its row");
+    assert!(row.ends_with("| — |"), "{row}");
+}
+
+#[test]
+fn the_preprocessor_heads_each_table_with_its_chapter_name() {
+    let mut book = serde_json::json!({ "items": [
+        { "Chapter": { "name": "The key", "path": "keys.md", "content": "# The key\n", "sub_items": [] } },
+        { "Chapter": { "name": "Clause index", "path": "clause-index.md",
+                       "content": "{{#idem-clause-index}}\n", "sub_items": [] } },
+    ] });
+    support::render_labels(&mut book, &[]);
+    let index = book["items"][1]["Chapter"]["content"]
+        .as_str()
+        .expect("content");
+    assert!(
+        index.contains("\n## The key\n") || index.starts_with("## The key\n"),
+        "{index}"
+    );
+    assert!(!index.contains("## keys.html"), "{index}");
+}
+
+#[test]
 fn idem_tests_lists_the_tests_outside_the_kit() {
     let id = "idem.lease.heartbeat";
     let citations = vec![

@@ -129,20 +129,54 @@ pub fn workspace_root() -> PathBuf {
 
 /// Rewrites every chapter's `content` in an mdBook JSON tree: clause labels
 /// become linkable anchors with their citations, and the marker
-/// `{{#idem-clause-index}}` becomes the full clause table.
+/// `{{#idem-clause-index}}` becomes the clause tables, one per chapter,
+/// headed by the chapter's name.
 pub fn render_labels(node: &mut serde_json::Value, citations: &[Citation]) {
+    let mut titles = BTreeMap::new();
+    chapter_titles(node, &mut titles);
+    render_labels_in(node, citations, &titles);
+}
+
+/// Every chapter's name by its source path (`keys.md` → "The key"): any
+/// object with string `path` and `name` members.
+fn chapter_titles(node: &serde_json::Value, out: &mut BTreeMap<String, String>) {
     match node {
         serde_json::Value::Object(map) => {
-            if let Some(serde_json::Value::String(content)) = map.get_mut("content") {
-                *content = render_page(content, citations);
+            if let (Some(serde_json::Value::String(path)), Some(serde_json::Value::String(name))) =
+                (map.get("path"), map.get("name"))
+            {
+                out.insert(path.clone(), name.clone());
             }
-            for (_, v) in map.iter_mut() {
-                render_labels(v, citations);
+            for v in map.values() {
+                chapter_titles(v, out);
             }
         }
         serde_json::Value::Array(items) => {
             for v in items {
-                render_labels(v, citations);
+                chapter_titles(v, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn render_labels_in(
+    node: &mut serde_json::Value,
+    citations: &[Citation],
+    titles: &BTreeMap<String, String>,
+) {
+    match node {
+        serde_json::Value::Object(map) => {
+            if let Some(serde_json::Value::String(content)) = map.get_mut("content") {
+                *content = render_page_titled(content, citations, titles);
+            }
+            for (_, v) in map.iter_mut() {
+                render_labels_in(v, citations, titles);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for v in items {
+                render_labels_in(v, citations, titles);
             }
         }
         _ => {}
@@ -184,8 +218,18 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 
 /// Renders one page: labels to anchors (with the clause's class and how
 /// many tests and kit cases check it), `{{#idem-clause-index}}` to the
-/// clause table, and `{{#idem-tests ID}}` to the list of tests citing ID.
+/// clause tables, and `{{#idem-tests ID}}` to the list of tests citing ID.
+/// The clause tables are headed by each chapter's file name; the
+/// preprocessor ([`render_labels`]) heads them with the chapters' names.
 pub fn render_page(content: &str, citations: &[Citation]) -> String {
+    render_page_titled(content, citations, &BTreeMap::new())
+}
+
+fn render_page_titled(
+    content: &str,
+    citations: &[Citation],
+    titles: &BTreeMap<String, String>,
+) -> String {
     let mut out = String::with_capacity(content.len());
     let mut in_fence = false;
     for line in content.lines() {
@@ -212,7 +256,7 @@ pub fn render_page(content: &str, citations: &[Citation]) -> String {
                 "<div class=\"clause\" id=\"{anchor}\"><a href=\"#{anchor}\">[{id}]</a> <small>{class} · {by}</small></div>\n\n"
             ));
         } else if !in_fence && t == "{{#idem-clause-index}}" {
-            out.push_str(&clause_index(citations));
+            out.push_str(&clause_index(citations, titles));
         } else if !in_fence && line.contains("{{#idem-tests ") {
             out.push_str(&expand_tests(line, citations));
             out.push('\n');
@@ -257,17 +301,36 @@ fn expand_tests(line: &str, citations: &[Citation]) -> String {
     out
 }
 
-fn clause_index(citations: &[Citation]) -> String {
-    let mut s = String::from(
-        "| Clause | Level | Class | Binds | Statement | Kit cases | Tests |\n|---|---|---|---|---|---|---|\n",
-    );
+/// The clause index: one table per chapter, in book order, under a heading
+/// with the chapter's name. Each row has the clause's full statement; what
+/// checks it is one line ("2 kit cases, 5 tests") that opens on the list,
+/// so a clause cited by forty tests is a row like any other until a
+/// reader asks for the forty. The tables sit in a `clause-index` block, the
+/// hook `book/theme/clauses.css` styles them by.
+fn clause_index(citations: &[Citation], titles: &BTreeMap<String, String>) -> String {
+    let mut s = String::new();
+    let mut page = None;
     for c in clauses::all() {
+        let this = c.anchor.split('#').next().unwrap_or_default();
+        if page != Some(this) {
+            if page.is_some() {
+                s.push_str("\n</div>\n\n");
+            }
+            page = Some(this);
+            let md = this.strip_suffix(".html").map(|p| format!("{p}.md"));
+            let title = md
+                .as_ref()
+                .and_then(|m| titles.get(m))
+                .map_or(this, String::as_str);
+            s.push_str(&format!(
+                "## {title}\n\n<div class=\"clause-index\">\n\n\
+                 | Clause | Level | Class | Binds | Statement | Checked by |\n|---|---|---|---|---|---|\n"
+            ));
+        }
         let tests: Vec<String> = tests_citing(&c.id, citations)
             .iter()
             .map(|x| {
                 let file = x.location.rsplit_once(':').map_or("", |(f, _)| f);
-                // The file as code too: a path has no spaces, and as code
-                // it may break anywhere, so the table fits a laptop screen.
                 if x.item.is_empty() {
                     format!("`{}`", x.location)
                 } else {
@@ -283,24 +346,42 @@ fn clause_index(citations: &[Citation]) -> String {
             clauses::Party::Server => "server",
             clauses::Party::Client => "client",
         };
-        let list = |v: &[String]| {
-            if v.is_empty() {
-                "—".to_owned()
-            } else {
-                v.join("<br>")
-            }
-        };
         s.push_str(&format!(
-            "| [`{}`]({}) | {} | {} | {} | {} | {} | {} |\n",
+            "| [`{}`]({}) | {} | {} | {} | {} | {} |\n",
             c.id,
             c.anchor,
             c.level.as_str(),
             c.class.as_str(),
             party,
             c.text.replace('|', "\\|"),
-            list(&cases),
-            list(&tests),
+            checked_by(&cases, &tests),
         ));
     }
+    if page.is_some() {
+        s.push_str("\n</div>\n");
+    }
     s
+}
+
+/// The "Checked by" cell: the counts, opening on the kit cases and the
+/// tests by name; a dash when nothing checks the clause.
+fn checked_by(cases: &[String], tests: &[String]) -> String {
+    if cases.is_empty() && tests.is_empty() {
+        return "—".to_owned();
+    }
+    let mut counts = Vec::new();
+    let mut lists = Vec::new();
+    if !cases.is_empty() {
+        counts.push(plural(cases.len(), "kit case", "kit cases"));
+        lists.push(format!("Kit: {}", cases.join(", ")));
+    }
+    if !tests.is_empty() {
+        counts.push(plural(tests.len(), "test", "tests"));
+        lists.push(tests.join("<br>"));
+    }
+    format!(
+        "<details><summary>{}</summary>{}</details>",
+        counts.join(", "),
+        lists.join("<br>")
+    )
 }
