@@ -24,7 +24,7 @@ use crate::clauses::{self, Clause};
 use crate::fingerprint::{self, FingerprintVector};
 use crate::headers;
 use crate::key::{HEADER_VALUE_PATTERN, MAX_HEADER_VALUE_LEN};
-use crate::policy::{self, FailurePolicy, InFlightBehaviour, Policy};
+use crate::policy::{FailurePolicy, InFlightBehaviour, Policy};
 use crate::problem::{ErrorCode, Problem, Profile};
 use crate::{CONTRACT_VERSION, Error, Fingerprint, IdempotencyKey, KeyState, RecoveryPoint};
 
@@ -355,7 +355,6 @@ pub fn openapi() -> openapi::OpenApi {
                 serde_json::json!({
                     "contract_version": CONTRACT_VERSION,
                     "policy": policy,
-                    "default_lease_secs": policy::DEFAULT_LEASE_SECS,
                     "replayed_headers": headers::REPLAYED_HEADERS,
                 }),
             )
