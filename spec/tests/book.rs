@@ -1744,3 +1744,239 @@ fn the_loop_retries_only_the_allowlist() {
         assert!(!retryable(resp(s, false)), "{s}");
     }
 }
+
+// ---------------------------------------------------------------------------
+// What the book says about the repository and its sources
+
+/// Tracker references in a page's prose: "issue 13", "Issue #42", "PR #7",
+/// "pull request 12", "commit 5b09b21". They mean nothing to a reader of
+/// the published book; what they stand for belongs in the sentence itself,
+/// and a public source belongs in a link (whose target is not prose).
+fn tracker_references(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, line) in prose_lines(text) {
+        // Link targets and inline code are not prose.
+        let mut prose = String::new();
+        let mut rest = without_code_spans(line);
+        while let Some(i) = rest.find("](") {
+            prose.push_str(&rest[..i + 1]);
+            rest = match rest[i..].find(')') {
+                Some(j) => rest[i + j + 1..].to_owned(),
+                None => String::new(),
+            };
+        }
+        prose.push_str(&rest);
+        let words: Vec<String> = prose
+            .split(|c: char| c.is_whitespace() || c == '(' || c == ',')
+            .filter(|w| !w.is_empty())
+            .map(|w| w.to_lowercase())
+            .collect();
+        for pair in words.windows(2) {
+            let word = pair[0].as_str();
+            let next = pair[1].trim_end_matches(['.', ';', ':', ')', '\'', '’', 's']);
+            let number = next.trim_start_matches('#');
+            let is_number = !number.is_empty() && number.chars().all(|c| c.is_ascii_digit());
+            let is_hash = number.len() >= 7 && number.chars().all(|c| c.is_ascii_hexdigit());
+            let tracker = matches!(word, "issue" | "issues" | "pr" | "ticket") && is_number
+                || word == "request" && next.starts_with('#') && is_number
+                || word == "commit" && is_hash;
+            if tracker {
+                out.push((n, format!("{word} {next}")));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn the_book_points_at_no_tracker() {
+    let mut found = Vec::new();
+    for (page, text) in book_pages() {
+        for (line, what) in tracker_references(&text) {
+            found.push(format!("{page}:{line}: {what}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "tracker references in the published book (say what they stand for instead):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn tracker_checker_finds_references_in_prose_only() {
+    let page = "Issue 13's targets are met.\n\
+                as asked in issue #46.\n\
+                measured at commit 5b09b21 here\n\
+                see PR #7, and pull request #12\n\
+                ```text\nissue 99 in a code block\n```\n\
+                a link [the draft's issue list](https://github.com/x/y/issues/42) and `issue 5`\n\
+                an issue with 3 parts, issues of 2026, a commit message\n";
+    let found: Vec<String> = tracker_references(page)
+        .into_iter()
+        .map(|(_, w)| w)
+        .collect();
+    assert_eq!(
+        found,
+        [
+            "issue 13",
+            "issue #46",
+            "commit 5b09b21",
+            "pr #7",
+            "request #12"
+        ]
+    );
+}
+
+/// `x-idempotency.a.b` paths named in the book's prose.
+fn x_idempotency_paths(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for (_, line) in prose_lines(text) {
+        let mut rest = line;
+        while let Some(i) = rest.find("x-idempotency.") {
+            let tail = &rest[i..];
+            let end = tail
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-'))
+                .unwrap_or(tail.len());
+            out.push(tail[..end].trim_end_matches('.').to_owned());
+            rest = &tail[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn every_x_idempotency_member_the_book_names_is_published() {
+    let doc: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(support::workspace_root().join("spec/generated/openapi.json"))
+            .expect("spec/generated/openapi.json"),
+    )
+    .expect("the generated OpenAPI document parses");
+    let mut named = 0;
+    for (page, text) in book_pages() {
+        for path in x_idempotency_paths(&text) {
+            named += 1;
+            let pointer = format!("/{}", path.replace('.', "/"));
+            assert!(
+                doc.pointer(&pointer).is_some(),
+                "{page} names {path}, which the generated OpenAPI document does not have"
+            );
+        }
+    }
+    assert!(named > 0, "the book names no x-idempotency member");
+    // One name for the lease, the one the served document uses too.
+    let ext = doc["x-idempotency"].as_object().expect("x-idempotency");
+    assert!(
+        !ext.contains_key("default_lease_secs"),
+        "the lease is x-idempotency.policy.lease_secs, in the generated document as in the served one"
+    );
+}
+
+#[test]
+fn x_idempotency_paths_are_read_from_prose() {
+    let page = "as `x-idempotency.policy.lease_secs` in the document.\n\
+                ```json\nx-idempotency.in.code\n```\n\
+                and x-idempotency.policy.replay_window_secs.\n";
+    assert_eq!(
+        x_idempotency_paths(page),
+        [
+            "x-idempotency.policy.lease_secs",
+            "x-idempotency.policy.replay_window_secs"
+        ]
+    );
+}
+
+/// The number of lines the book gives for the example app,
+/// `examples/idempotent-notes`: "in N lines of Rust".
+#[test]
+fn the_example_app_is_as_long_as_the_book_says() {
+    let root = support::workspace_root().join("examples/idempotent-notes/src");
+    let lines: usize = ["lib.rs", "main.rs"]
+        .iter()
+        .map(|f| {
+            std::fs::read_to_string(root.join(f))
+                .unwrap_or_else(|e| panic!("{f}: {e}"))
+                .lines()
+                .count()
+        })
+        .sum();
+    let forking = std::fs::read_to_string(book_src().join("forking.md")).unwrap();
+    let forking = forking.split_whitespace().collect::<Vec<_>>().join(" ");
+    let stated = forking
+        .find(" lines of Rust, `src/lib.rs` and `src/main.rs`")
+        .and_then(|end| forking[..end].rsplit(' ').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .expect("forking.md says how many lines the example app has");
+    assert_eq!(
+        stated, lines,
+        "forking.md says the example app has {stated} lines; src/lib.rs and src/main.rs have {lines}"
+    );
+}
+
+/// The IETF draft revisions a page names: `draft-ietf-…-header-NN` in full,
+/// and `draft -NN` (as in a link to the bibliography's `draft` entry).
+fn draft_revisions(text: &str) -> Vec<String> {
+    const FULL: &str = "draft-ietf-httpapi-idempotency-key-header-";
+    let mut out = Vec::new();
+    for (_, line) in prose_lines(text) {
+        for (i, _) in line.match_indices(FULL) {
+            let rev: String = line[i + FULL.len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            out.push(rev);
+        }
+        for (i, _) in line.match_indices("draft -") {
+            let rev: String = line[i + "draft -".len()..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect();
+            if !rev.is_empty() {
+                out.push(rev);
+            }
+        }
+    }
+    out
+}
+
+/// One revision of the IETF draft throughout: the one the bibliography's
+/// `draft` entry names first, whose text the book quotes and whose section
+/// numbers it gives. (The bibliography and the deviations appendix say
+/// which later revision exists, as `-NN`, without naming it as the draft.)
+#[test]
+fn the_book_names_one_draft_revision() {
+    let pages = book_pages();
+    let entry = pages["bibliography.md"]
+        .split("<a id=\"draft\"></a>")
+        .nth(1)
+        .expect("the bibliography has a draft entry");
+    let revision = draft_revisions(entry)
+        .into_iter()
+        .next()
+        .expect("the draft entry names its revision");
+    let mut named = 0;
+    for (page, text) in &pages {
+        let revs = if page == "bibliography.md" {
+            draft_revisions(entry.split("\n- ").next().unwrap_or_default())
+        } else {
+            draft_revisions(text)
+        };
+        for rev in revs {
+            named += 1;
+            assert_eq!(
+                rev, revision,
+                "{page} names draft -{rev}; the book quotes -{revision} (bibliography.md#draft)"
+            );
+        }
+    }
+    assert!(
+        named >= 3,
+        "the book names the draft's revision {named} times"
+    );
+    assert!(
+        draft_revisions(
+            "see [draft -07](bibliography.md#draft) and draft-ietf-httpapi-idempotency-key-header-09\n"
+        ) == ["09", "07"],
+        "the reader finds both spellings"
+    );
+}
