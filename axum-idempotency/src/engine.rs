@@ -385,13 +385,13 @@ impl<K: KeyStore> Engine<K> {
         }
         match decision {
             Decision::Replay(stored) => {
-                tracing::debug!(key = %incoming.id, status = stored.status, "replay");
+                tracing::debug!(key_hash = %incoming.id, status = stored.status, "replay");
                 let waited = incoming.wait.filter(|_| turns.waited);
                 Ok(Turn::Answer(self.replay(stored, waited)))
             }
             Decision::Reject(Reject::Mismatch) => Err(Error::KeyMismatch),
             Decision::Reject(Reject::InUse) => {
-                tracing::debug!(key = %incoming.id, "in flight: 409");
+                tracing::debug!(key_hash = %incoming.id, "in flight: 409");
                 Err(self.in_use_of(record.as_ref(), local.is_some(), now))
             }
             Decision::Wait => {

@@ -80,28 +80,28 @@ pub async fn complete_pass<K: KeyStore>(
     for key in &keys {
         let (method, path) = (&key.request.method, &key.request.path);
         let Some(endpoint) = endpoints.iter().find(|e| e.matches(method, path)) else {
-            tracing::warn!(key = %key.id, %method, %path,
+            tracing::warn!(key_hash = %key.id, %method, %path,
                 "completer: no multi-step endpoint for this stored request");
             report.unfinished += 1;
             continue;
         };
-        tracing::info!(key = %key.id, recovery_point = %key.recovery_point,
+        tracing::info!(key_hash = %key.id, recovery_point = %key.recovery_point,
             "completer: resuming an abandoned request");
         // The completer's own span: the recovery points it commits land on it.
         let span = tracing::info_span!(
             "idem.complete",
-            key_hash = %crate::metrics::key_hash(key.id.caller().as_str(), key.id.key().as_str()),
+            key_hash = %key.id,
             recovery_point = %key.recovery_point,
         );
         let finished = match endpoint.complete(key).instrument(span).await {
             Ok(Some(response)) if endpoint.engine().is_final(response.status().as_u16()) => {
                 report.finished += 1;
-                tracing::info!(key = %key.id, status = response.status().as_u16(), "completer: finished");
+                tracing::info!(key_hash = %key.id, status = response.status().as_u16(), "completer: finished");
                 true
             }
             Ok(Some(response)) => {
                 report.unfinished += 1;
-                tracing::warn!(key = %key.id, status = response.status().as_u16(), "completer: not finished; will retry");
+                tracing::warn!(key_hash = %key.id, status = response.status().as_u16(), "completer: not finished; will retry");
                 false
             }
             Ok(None) => {
@@ -110,7 +110,7 @@ pub async fn complete_pass<K: KeyStore>(
             }
             Err(e) => {
                 report.unfinished += 1;
-                tracing::warn!(key = %key.id, error = %e, "completer: not finished; will retry");
+                tracing::warn!(key_hash = %key.id, error = %e, "completer: not finished; will retry");
                 false
             }
         };

@@ -106,15 +106,29 @@ impl KeyId {
     }
 }
 
+impl KeyId {
+    /// How logs name this record: its `key_hash`, the first 16 hex digits
+    /// of SHA-256 over the caller and the key, as on the request's span
+    /// ([`crate::metrics::key_hash`]). Stable across retries; reveals
+    /// neither the key nor the caller.
+    pub fn key_hash(&self) -> String {
+        crate::metrics::key_hash(self.caller.as_str(), self.key.as_str())
+    }
+}
+
+// Debug and Display are what logs and error messages print, so neither
+// shows the key (a client's idempotency key can carry an order number or
+// worse, and logs travel further than the database): both print the
+// record's `key_hash`. The key itself is `KeyId::key`.
 impl fmt::Debug for KeyId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{self}")
+        write!(f, "KeyId({})", self.key_hash())
     }
 }
 
 impl fmt::Display for KeyId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.caller, self.key.as_str())
+        f.write_str(&self.key_hash())
     }
 }
 
@@ -170,7 +184,23 @@ mod tests {
         let k = id("alice", "k");
         assert_eq!(k.fence(2), k.fence(2));
         assert_ne!(k.fence(2), k.fence(3));
-        assert_eq!(k.fence(2).to_string(), "alice/k@2");
+        assert_eq!(k.fence(2).to_string(), format!("{}@2", k.key_hash()));
+    }
+
+    #[test]
+    fn logs_name_a_record_by_its_hash_never_by_its_key() {
+        let k = id("alice", "order-8412");
+        let hash = crate::metrics::key_hash("alice", "order-8412");
+        assert_eq!(k.to_string(), hash);
+        assert_eq!(format!("{k:?}"), format!("KeyId({hash})"));
+        let fence = format!("{:?} {}", k.fence(3), k.fence(3));
+        assert!(
+            !fence.contains("order-8412") && !fence.contains("alice"),
+            "{fence}"
+        );
+        assert!(fence.contains(&hash), "{fence}");
+        // The same record spelled quoted or bare has one hash.
+        assert_eq!(id("alice", "\"order-8412\"").key_hash(), hash);
     }
 
     #[test]

@@ -450,11 +450,18 @@ pub fn key_hash(caller: &str, key: &str) -> String {
 /// `recovery_point` are filled in as the request goes ([`finish`], and the
 /// multi-step driver as it commits recovery points).
 pub fn request_span(route: &str, headers: &HeaderMap, caller: Option<&Caller>) -> tracing::Span {
-    let key = headers
-        .get(idem_spec::headers::IDEMPOTENCY_KEY)
-        .and_then(|v| v.to_str().ok());
+    // The key as the engine will read it, so that `"k"` and `k` (one key,
+    // two spellings) hash alike here and on the completer's and the
+    // reaper's lines; a header that does not parse is hashed as sent, so
+    // even an invalid key never reaches a log in clear.
+    let key = headers.get(idem_spec::headers::IDEMPOTENCY_KEY).map(|v| {
+        idem_spec::IdempotencyKey::parse_bytes(v.as_bytes()).map_or_else(
+            |_| String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            |k| k.as_str().to_owned(),
+        )
+    });
     let hash = match (caller, key) {
-        (Some(c), Some(k)) => key_hash(c.as_str(), k),
+        (Some(c), Some(k)) => key_hash(c.as_str(), &k),
         _ => String::new(),
     };
     tracing::info_span!(
@@ -515,6 +522,9 @@ mod tests {
         assert_ne!(a, key_hash("alice", "k-2"));
         assert_ne!(key_hash("ab", "c"), key_hash("a", "bc"), "separated");
         assert!(!a.contains("alice") && !a.contains("k-1"));
+        // The operations chapter's recipe for an operator:
+        // printf 'alice\0invoice-pay-3019' | sha256sum | cut -c1-16
+        assert_eq!(key_hash("alice", "invoice-pay-3019"), "fb538e48f15a551f");
     }
 
     #[test]

@@ -87,7 +87,7 @@ pub async fn reap_once_with<K: KeyStore>(
         report.deleted += batch.deleted;
         crate::metrics::reaped(batch.deleted, batch.unfinished.len() as u64);
         for u in batch.unfinished {
-            tracing::debug!(key = %u.id, recovery_point = %u.recovery_point,
+            tracing::debug!(key_hash = %u.id, recovery_point = %u.recovery_point,
                 "reaper deleted an unfinished request past retention");
             report.unfinished += 1;
             if report.unfinished_sample.len() < UNFINISHED_SAMPLE {

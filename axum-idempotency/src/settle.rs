@@ -47,13 +47,13 @@ impl<K: KeyStore> Engine<K> {
         let now = self.clock().now_ms();
         match self.store().record_final(&mut tx, claim, stored, now).await {
             Ok(Some(generation)) => {
-                tracing::debug!(key = %incoming.id, generation, status = stored.status,
+                tracing::debug!(key_hash = %incoming.id, generation, status = stored.status,
                     "final outcome stored");
             }
             Ok(None) => {
                 self.store().rollback(tx).await?;
                 tracing::info!(
-                    key = %incoming.id,
+                    key_hash = %incoming.id,
                     "lost the final write to a record committed meanwhile; rolled back"
                 );
                 return Ok(Recorded::Lost);
@@ -181,7 +181,7 @@ pub(crate) fn unreadable_response(incoming: &Incoming, e: axum::Error, limit: us
         .is_some()
     {
         tracing::warn!(
-            key = %incoming.id,
+            key_hash = %incoming.id,
             path = %incoming.request.path,
             limit,
             "endpoint response larger than EngineConfig::max_response_bytes: not stored, \

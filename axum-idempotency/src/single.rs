@@ -146,7 +146,7 @@ where
     S: tower::Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Send,
     S::Future: Send,
 {
-    tracing::debug!(key = %incoming.id, "claimed; executing");
+    tracing::debug!(key_hash = %incoming.id, "claimed; executing");
     let slot = match tx {
         SingleTx::Open(tx) => IdemTx::<K>::new(tx),
         SingleTx::Deferred => IdemTx::<K>::deferred(engine.store().clone()),
@@ -206,7 +206,7 @@ where
         if let Some(tx) = tx {
             engine.store().rollback(tx).await?;
         }
-        tracing::info!(key = %incoming.id, status, "server error: not stored; key released");
+        tracing::info!(key_hash = %incoming.id, status, "server error: not stored; key released");
         return Ok(Acted::Answered(Response::from_parts(
             parts,
             Body::from(body),
