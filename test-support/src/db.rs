@@ -36,7 +36,7 @@ enum Cleanup {
 impl TestDb {
     /// A fresh database, or `None` (after a loud SKIPPED line) when the
     /// backend is PostgreSQL and `IDEM_TEST_DATABASE_URL` is unset. CI sets
-    /// it, so nothing is skipped there.
+    /// it; a CI run without it fails ([`crate::skip_without`]).
     ///
     /// # Panics
     /// When PostgreSQL is configured but unreachable: a test must fail, not
@@ -60,8 +60,9 @@ impl TestDb {
             }
             Backend::Postgres => {
                 let Ok(admin_url) = std::env::var(DATABASE_URL_ENV) else {
-                    eprintln!(
-                        "\n*** SKIPPED {test} on PostgreSQL: {DATABASE_URL_ENV} is not set ***\n"
+                    crate::skip_without(
+                        &format!("{test} on PostgreSQL"),
+                        &format!("{DATABASE_URL_ENV} is not set"),
                     );
                     return None;
                 };

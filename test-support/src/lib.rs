@@ -19,6 +19,9 @@
 //!   stop and start under a running server.
 //! - [`Tmpfs`]: a small tmpfs mounted for one test (root only), to fill a
 //!   filesystem for real.
+//! - [`skip_without`]: what a test does when a component it needs is
+//!   missing: a loud SKIPPED line on a developer's machine, a failure in CI
+//!   ([`in_ci`]), where every component must be there.
 
 pub mod child;
 pub mod db;
@@ -32,6 +35,37 @@ use std::sync::{Mutex, OnceLock};
 pub use child::{ChildServer, READY_PREFIX, SpawnError};
 pub use db::{Backend, TestDb};
 pub use pg::PgCluster;
+
+/// The variable `.ci/run` exports (`IDEM_CI=1`): with it, or with the
+/// conventional `CI` of hosted runners, a test that cannot find a component
+/// it needs fails rather than skips.
+pub const CI_ENV: &str = "IDEM_CI";
+
+/// Whether this is a CI run: [`CI_ENV`] or `CI` set to anything but empty,
+/// `0` or `false`.
+pub fn in_ci() -> bool {
+    [CI_ENV, "CI"]
+        .iter()
+        .any(|name| std::env::var(name).is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false")))
+}
+
+/// Call where a test finds that `component` (a binary, a database, a
+/// privilege) is missing, then return from the test. Outside CI it prints a
+/// loud SKIPPED line naming `test`, so the skip is seen in the output; in
+/// CI ([`in_ci`]) it fails the test, because there a skip would pass a
+/// check that never ran.
+///
+/// # Panics
+/// In CI, always.
+#[track_caller]
+pub fn skip_without(test: &str, component: &str) {
+    assert!(
+        !in_ci(),
+        "{test} needs {component}, and this is CI ({CI_ENV} or CI is set): \
+         failing instead of skipping"
+    );
+    eprintln!("\n*** SKIPPED {test}: {component} ***\n");
+}
 
 /// A fresh directory under the system temp dir, removed (with everything
 /// in it) on drop.
@@ -76,17 +110,18 @@ pub struct Tmpfs {
 
 impl Tmpfs {
     /// Mounts a tmpfs of `size` (e.g. `"4m"`), or `None` (after a loud
-    /// SKIPPED line naming `test`) when this process is not root.
+    /// SKIPPED line naming `test`, see [`skip_without`]) when this process
+    /// is not root.
     ///
     /// # Panics
-    /// When running as root and the mount fails.
+    /// When running as root and the mount fails, and in CI when not root.
     pub fn mount(size: &str, test: &str) -> Option<Self> {
         let root = std::process::Command::new("id")
             .arg("-u")
             .output()
             .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
         if !root {
-            eprintln!("\n*** SKIPPED {test}: mounting a tmpfs needs root ***\n");
+            skip_without(test, "mounting a tmpfs needs root");
             return None;
         }
         let dir = TempDir::new("idem-tmpfs");

@@ -49,16 +49,18 @@ fn is_root() -> bool {
 
 impl PgCluster {
     /// Creates and starts a cluster, or `None` (after a loud SKIPPED line
-    /// naming `test`) when no PostgreSQL server binaries are installed.
+    /// naming `test`; a failure in CI, see [`crate::skip_without`]) when no
+    /// PostgreSQL server binaries are installed.
     ///
     /// # Panics
     /// When the binaries exist but the cluster cannot be created or started:
     /// the test must fail, not pass silently.
     pub fn start(test: &str) -> Option<Self> {
         let Some(bin) = bin_dir() else {
-            eprintln!(
-                "\n*** SKIPPED {test}: no PostgreSQL server binaries (initdb, pg_ctl) under \
-                 /usr/lib/postgresql/*/bin; set IDEM_PG_BIN_DIR ***\n"
+            crate::skip_without(
+                test,
+                "no PostgreSQL server binaries (initdb, pg_ctl) under \
+                 /usr/lib/postgresql/*/bin; set IDEM_PG_BIN_DIR",
             );
             return None;
         };
