@@ -151,10 +151,10 @@ async fn no_key_in_clear_at_trace(backend: Backend, name: &str) {
         .args(["--listen", "127.0.0.1:0", "--database-url", &db.url])
         .args(["--processor-url", processor.base_url(), "--test-hooks"])
         // A short lease, so a slow charge runs the heartbeat. The
-        // background completer leaves a key an hour past its lease, so
-        // only the test hook, with the clock moved, finishes the first
-        // crashed payment, and the second is left for the reaper.
-        .args(["--lease-secs", "2", "--completer-grace-ms", "3600000"])
+        // background completer's first pass is an hour after start, so
+        // only the test hook finishes the first crashed payment, and the
+        // second is left unfinished for the reaper.
+        .args(["--lease-secs", "2", "--completer-interval-ms", "3600000"])
         .env("RUST_LOG", "trace")
         .env("NO_COLOR", "1")
         .capture_stderr()
@@ -259,7 +259,7 @@ async fn no_key_in_clear_at_trace(backend: Backend, name: &str) {
     // once its lease has run out.
     let completed = run.key("completed");
     run.crash_payment_and_restart(&completed).await;
-    run.hook("/_test/clock", r#"{"advance_secs":3700}"#).await;
+    run.hook("/_test/clock", r#"{"advance_secs":60}"#).await;
     let report = run.hook("/_test/complete", "").await;
     assert_eq!(report["finished"], 1, "{report}");
     assert_eq!(run.payment(&completed).await, 201);
@@ -268,9 +268,10 @@ async fn no_key_in_clear_at_trace(backend: Backend, name: &str) {
     // deletes it past retention (72 h).
     let reaped = run.key("reaped");
     run.crash_payment_and_restart(&reaped).await;
+    // (The background reaper's pass at start-up may run after the clock
+    // moved and be the one that deletes it; either pass logs the lines.)
     run.hook("/_test/clock", r#"{"advance_secs":300000}"#).await;
-    let report = run.hook("/_test/reap", "").await;
-    assert!(report["unfinished"].as_u64() >= Some(1), "{report}");
+    run.hook("/_test/reap", "").await;
     let log = run
         .server
         .stderr_containing("reaper deleted unfinished requests", GUARD)
