@@ -17,7 +17,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use idem_conformance::{manifest, runner};
+use idem_conformance::server::{manifest, runner};
 use idem_zoo::{Defect, Dialect, ZooConfig};
 
 const DELAY: Duration = Duration::from_millis(200);

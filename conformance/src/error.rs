@@ -53,7 +53,16 @@ pub enum Error {
     /// The client check could not run the client under test as asked.
     #[error("client: {0}")]
     Client(String),
+    /// The client check itself failed.
+    #[error(transparent)]
+    ClientCheck(#[from] idem_conformance_client::Error),
+    /// A seeded manifest could not be rendered.
+    #[error("seeding: {0}")]
+    Seed(String),
+    /// The run itself broke (a case's task panicked).
+    #[error("run: {0}")]
+    Run(String),
     /// A report could not be rendered.
-    #[error("report: {0}")]
-    Report(String),
+    #[error(transparent)]
+    Report(#[from] idem_conformance_core::Error),
 }

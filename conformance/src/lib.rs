@@ -2,18 +2,20 @@
 //!
 //! The kit speaks HTTP only (reqwest) and never links a server's code, so
 //! it judges any vendor's API the same way it judges the reference server.
-//! A run reads a target [`manifest`], checks it against the target
-//! ([`runner::preflight`]: no case runs on a manifest that does not fit),
-//! executes every [`cases`] case (each citing the clauses it checks), runs
-//! a generated [`model`]-checked property phase, and renders one
+//! A run reads a target [`server::manifest`], checks it against the target
+//! ([`server::runner::preflight`]: no case runs on a manifest that does not
+//! fit), executes every [`server::cases`] case (each citing the clauses it
+//! checks), runs a generated [`server::model`]-checked property phase, and renders one
 //! [`idem_spec::report::Report`] to the console, JSON, JUnit XML and a
 //! self-contained HTML page.
 //!
 //! ## Behaviour, spelling and the result
 //!
-//! Every check carries a class ([`idem_spec::clauses::Class`]): `safety`
-//! (a second effect, a leak, another request's outcome, a stored 5xx, a
-//! final outcome executed again), `semantics` or `interop`. Cases judge
+//! Every check carries a class ([`idem_spec::clauses::Class`]) given by
+//! the severity rule of the verdict core ([`verdict`]): `safety` when what
+//! it saw can make a correct client believe something false about effects
+//! (a second effect, another request's answer, one caller's data shown to
+//! another), else `semantics`, or `interop` for a spelling. Cases judge
 //! behaviour under the behavioural clause and the spelling of each answer,
 //! recognised through the manifest's declared dialect, under the interop
 //! clauses, so another dialect is never mistaken for unsafe behaviour. The
@@ -35,60 +37,39 @@
 //! to `hooks.failpoint.recovery_endpoint` when it names one (a multi-step
 //! endpoint, whose committed recovery points give a lease something to
 //! expire), with that endpoint's own `probe` if it declares one
-//! ([`case::focus`]). `hooks.failpoint.release_url` lets the kit end a
+//! ([`server::case::focus`]). `hooks.failpoint.release_url` lets the kit end a
 //! pause as soon as it has seen what it needs. The restart is a shell
-//! command (`hooks.restart`) for third parties; the [`demo`] owns its
-//! server, so it restarts it in process ([`case::Restarter`]: the same
+//! command (`hooks.restart`) for third parties; the [`server::demo`] owns its
+//! server, so it restarts it in process ([`server::case::Restarter`]: the same
 //! binary, database and port, the test clock where the run left it).
 //!
 //! ## Layout
 //!
-//! - [`manifest`]: loading, validation, templates, the `init` template.
-//! - [`http`]: the rate- and budget-limited client, exchanges, curl rendering.
-//! - [`probe`]: the effect probe (how many side effects a marker caused).
-//! - [`case`]: the shape every case shares and the check/verdict helpers.
-//! - [`cases`]: the cases, one module per clause family.
-//! - [`model`]: the contract model and the generated operation sequences.
-//! - [`proxy`]: the built-in proxy that drops responses.
-//! - [`runner`]: runs a plan, enforces safety limits, builds the report.
-//! - [`waivers`]: waiver matching and staleness.
-//! - [`report`]: console, JSON, JUnit and HTML renderers.
-//! - [`demo`]: the zero-configuration run against the reference server.
-//! - [`client`]: the client check (`client --run`): a fault server, scenarios and
-//!   verdicts over any SDK's retries.
-//! - [`commands`]: the CLI's subcommands (`demo`, `run`, `list`, `init`, `replay`, `client`).
+//! The kit is three crates. This one is the server check and the CLI:
+//!
+//! - [`server`]: the server check: [`server::manifest`] (loading,
+//!   validation, the `init` template), [`server::http`] (the rate- and
+//!   budget-limited client), [`server::probe`] (effect counts),
+//!   [`server::case`] (what every case shares), [`server::cases`] (one module
+//!   per clause family), [`server::model`] (the contract model and generated
+//!   sequences), [`server::proxy`] (the response-dropping proxy),
+//!   [`server::runner`] (preflight, plan, report), [`server::openapi`]
+//!   (seeding from an OpenAPI document) and [`server::demo`] (the
+//!   zero-configuration run against the reference server).
+//! - [`cli`]: the subcommands (`demo`, `run`, `list`, `init`, `replay`, `client`).
+//! - [`verdict`] (crate `idem-conformance-core`): clause IDs, the severity
+//!   rule, waivers, the summary and the report writers, shared by both checks.
+//! - [`client`] (crate `idem-conformance-client`): the client check.
 
-pub mod case;
-pub mod cases;
-pub mod clause;
-pub mod client;
-pub mod commands;
-pub mod demo;
+pub mod cli;
 mod error;
-pub mod http;
-pub mod manifest;
-pub mod model;
-pub mod openapi;
-pub mod probe;
-pub mod proxy;
-pub mod report;
-pub mod runner;
-pub mod waivers;
+pub mod server;
 
 pub use error::Error;
-
-/// The kit's version, recorded in every report.
-pub const KIT_VERSION: &str = env!("CARGO_PKG_VERSION");
-
-/// Exit code when no MUST clause failed: CONFORMS.
-pub const EXIT_CONFORMS: i32 = 0;
-/// Exit code when a MUST clause of class `safety` failed (unwaived):
-/// UNSAFE. Also `replay`'s "still fails".
-pub const EXIT_UNSAFE: i32 = 1;
-/// Exit code for harness errors (bad manifest, failed preflight,
-/// unreachable target, budget spent, a case that errored) when nothing
-/// unsafe was found.
-pub const EXIT_HARNESS: i32 = 2;
-/// Exit code when only `semantics` or `interop` MUST clauses failed:
-/// DEVIATES.
-pub const EXIT_DEVIATES: i32 = 3;
+/// The verdict core (crate `idem-conformance-core`), re-exported.
+pub use idem_conformance_core as verdict;
+/// The client check (crate `idem-conformance-client`), re-exported.
+pub use idem_conformance_client as client;
+pub use idem_conformance_core::{
+    EXIT_CONFORMS, EXIT_DEVIATES, EXIT_HARNESS, EXIT_UNSAFE, KIT_VERSION, clause,
+};

@@ -11,9 +11,9 @@ fn main() {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = idem_conformance::commands::Cli::parse();
+    let cli = idem_conformance::cli::Cli::parse();
     let code = match tokio::runtime::Runtime::new() {
-        Ok(rt) => rt.block_on(idem_conformance::commands::execute(cli)),
+        Ok(rt) => rt.block_on(idem_conformance::cli::execute(cli)),
         Err(e) => {
             eprintln!("idem-conformance: cannot start the async runtime: {e}");
             idem_conformance::EXIT_HARNESS

@@ -5,8 +5,9 @@
 
 use std::sync::Arc;
 
-use idem_conformance::case::Ctx;
-use idem_conformance::{commands, manifest, runner};
+use idem_conformance::server::case::Ctx;
+use idem_conformance::cli as commands;
+use idem_conformance::server::{manifest, runner};
 use idem_spec::report::Verdict;
 
 fn tmp(name: &str) -> std::path::PathBuf {
@@ -38,7 +39,7 @@ async fn undeclared_hooks_make_cases_unsupported_not_passed() {
         runner::run_id(),
         1,
     ));
-    for case in idem_conformance::cases::all()
+    for case in idem_conformance::server::cases::all()
         .iter()
         .filter(|c| c.missing_need(&loaded.manifest).is_some())
     {
@@ -109,5 +110,5 @@ fn the_books_example_manifest_and_the_init_template_both_list() {
 }
 
 fn demo_root() -> std::path::PathBuf {
-    idem_conformance::demo::workspace_root()
+    idem_conformance::server::demo::workspace_root()
 }

@@ -172,7 +172,7 @@ async fn every_zoo_client_fails_its_own_clause_and_the_conforming_one_conforms()
         for (client, seed, report, _) in &rows {
             for c in report.cases.iter().filter(|c| c.verdict != Verdict::Pass) {
                 println!("\n{} seed {seed}: {} {}", client.name(), c.id, c.verdict);
-                for l in idem_conformance::report::explain(c) {
+                for l in idem_conformance::verdict::report::explain(c) {
                     println!("  {l}");
                 }
             }

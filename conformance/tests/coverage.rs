@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use idem_spec::clauses::{self, CitationKind, Level, Party};
 
 fn workspace() -> std::path::PathBuf {
-    idem_conformance::demo::workspace_root()
+    idem_conformance::server::demo::workspace_root()
 }
 
 /// The clause IDs of the chapter's "What no black box can check" table,
@@ -35,7 +35,7 @@ fn uncheckable() -> BTreeMap<String, String> {
 }
 
 fn cited() -> BTreeSet<&'static str> {
-    idem_conformance::cases::all()
+    idem_conformance::server::cases::all()
         .iter()
         .flat_map(|c| c.clauses.iter().map(|c| c.as_str()))
         .collect()
@@ -93,7 +93,7 @@ fn the_chapter_lists_exactly_the_clauses_no_case_cites() {
 
 #[test]
 fn cases_cite_existing_clauses_and_have_unique_ids() {
-    let cases = idem_conformance::cases::all();
+    let cases = idem_conformance::server::cases::all();
     let mut ids = BTreeSet::new();
     for c in &cases {
         assert!(ids.insert(c.id), "duplicate case id {}", c.id);
@@ -138,7 +138,7 @@ fn the_scanner_reads_case_declarations_as_the_kit_runs_them() {
             }
         }
     }
-    let declared: BTreeMap<String, BTreeSet<String>> = idem_conformance::cases::all()
+    let declared: BTreeMap<String, BTreeSet<String>> = idem_conformance::server::cases::all()
         .iter()
         .map(|c| {
             (

@@ -103,7 +103,7 @@ async fn without_a_foreign_probe_the_multistep_clauses_stay_unchecked() {
         .await
         .expect("demo manifest");
     let text = replace_foreign_probe(&text, "");
-    let loaded = idem_conformance::manifest::parse(&text, "no foreign probe").expect("parses");
+    let loaded = idem_conformance::server::manifest::parse(&text, "no foreign probe").expect("parses");
     let r = support::run_only(&stack, &loaded, 12, Some("recovery.crash-restart")).await;
     let case = r
         .cases
@@ -143,7 +143,7 @@ async fn a_foreign_probe_counting_two_charges_fails_the_multistep_clauses() {
         stack.processor.base_url
     );
     let text = replace_foreign_probe(&text, &all);
-    let loaded = idem_conformance::manifest::parse(&text, "every charge").expect("parses");
+    let loaded = idem_conformance::server::manifest::parse(&text, "every charge").expect("parses");
     let r = support::run_only(&stack, &loaded, 13, Some("recovery.crash-restart")).await;
     assert_eq!(
         clause(&r, FOREIGN_KEY),

@@ -7,8 +7,8 @@ mod support;
 
 use std::path::PathBuf;
 
-use idem_conformance::manifest;
-use idem_conformance::openapi::{self, FILL_ME};
+use idem_conformance::server::manifest;
+use idem_conformance::server::openapi::{self, FILL_ME};
 use idem_spec::manifest::EffectProbe;
 use idem_spec::report::Verdict;
 use serde_json::json;
@@ -85,7 +85,7 @@ fn a_foreign_document_seeds_endpoints_callers_and_a_probe() {
 #[test]
 fn the_contracts_generic_document_seeds_its_one_operation() {
     let text = std::fs::read_to_string(
-        idem_conformance::demo::workspace_root().join("spec/generated/openapi.json"),
+        idem_conformance::server::demo::workspace_root().join("spec/generated/openapi.json"),
     )
     .expect("spec/generated/openapi.json");
     let seeded = openapi::seed(&text, "openapi.json").expect("seeds");
@@ -103,7 +103,7 @@ fn the_cli_writes_the_seeded_manifest_and_refuses_to_overwrite() {
     let out = std::env::temp_dir().join(format!("idem-seeded-{}.toml", std::process::id()));
     let _ = std::fs::remove_file(&out);
     let args = |p: &PathBuf| {
-        idem_conformance::commands::Cli::parse_from([
+        idem_conformance::cli::Cli::parse_from([
             "idem-conformance".to_owned(),
             "init".into(),
             p.display().to_string(),
@@ -116,12 +116,12 @@ fn the_cli_writes_the_seeded_manifest_and_refuses_to_overwrite() {
         .build()
         .expect("runtime");
     assert_eq!(
-        rt.block_on(idem_conformance::commands::execute(args(&out))),
+        rt.block_on(idem_conformance::cli::execute(args(&out))),
         0
     );
     manifest::load(&out).expect("loads");
     assert_eq!(
-        rt.block_on(idem_conformance::commands::execute(args(&out))),
+        rt.block_on(idem_conformance::cli::execute(args(&out))),
         idem_conformance::EXIT_HARNESS,
         "never overwrites"
     );

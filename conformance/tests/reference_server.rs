@@ -66,15 +66,15 @@ async fn reports_render_from_one_model() {
     };
     let (stack, loaded) = support::start(&bin, &[]).await;
     let r = support::run(&stack, &loaded, 7).await;
-    let json = idem_conformance::report::json(&r).expect("json");
+    let json = idem_conformance::verdict::report::json(&r).expect("json");
     let back: Report = serde_json::from_str(&json).expect("JSON report parses back");
     assert_eq!(back, r);
     assert_eq!(back.contract_version, idem_spec::CONTRACT_VERSION);
     assert_eq!(back.manifest_sha256, loaded.sha256);
-    let xml = idem_conformance::report::junit::render(&r).expect("junit");
+    let xml = idem_conformance::verdict::report::junit::render(&r).expect("junit");
     assert!(xml.contains("<testsuites") && xml.contains("concurrency.gate"));
     assert!(xml.contains("manifest_sha256"));
-    let html = idem_conformance::report::html::render(&r);
+    let html = idem_conformance::verdict::report::html::render(&r);
     assert!(html.contains("idem.concurrency.single-effect") && html.contains("</html>"));
     let console = support::show(&r);
     let summary = console.find("── summary ──").expect("summary");
@@ -85,7 +85,7 @@ async fn reports_render_from_one_model() {
     // The book's tour shows these lines of a demo run: they must be what a
     // run prints.
     let book = std::fs::read_to_string(
-        idem_conformance::demo::workspace_root().join("book/src/conformance.md"),
+        idem_conformance::server::demo::workspace_root().join("book/src/conformance.md"),
     )
     .expect("book chapter");
     for prefix in ["cases:", "clauses:", "result:"] {
@@ -106,7 +106,7 @@ async fn a_counterexample_replays_against_a_conforming_server_as_fixed() {
         return;
     };
     let (_stack, loaded) = support::start(&bin, &[]).await;
-    use idem_conformance::model::{Counterexample, Op, Violation};
+    use idem_conformance::server::model::{Counterexample, Op, Violation};
     let cx = Counterexample {
         kit_version: "test".into(),
         seed: 1,
@@ -148,7 +148,7 @@ async fn a_counterexample_replays_against_a_conforming_server_as_fixed() {
             reproduction: vec![],
         },
     };
-    let code = idem_conformance::commands::replay_loaded(&cx, &loaded)
+    let code = idem_conformance::cli::replay_loaded(&cx, &loaded)
         .await
         .expect("replay");
     assert_eq!(code, idem_conformance::EXIT_CONFORMS);
@@ -199,11 +199,11 @@ async fn the_init_template_runs_against_the_reference_server() {
     };
     // Only the base URL and the tokens change: the demo server was started
     // with its own tokens instead of the demo-alice/demo-bob defaults.
-    let text = idem_conformance::manifest::TEMPLATE
+    let text = idem_conformance::server::manifest::TEMPLATE
         .replace("http://127.0.0.1:8080", &stack.base_url)
         .replace("Bearer demo-alice", &format!("Bearer {}", tok("alice")))
         .replace("Bearer demo-bob", &format!("Bearer {}", tok("bob")));
-    let loaded = idem_conformance::manifest::parse(&text, "init").expect("template parses");
+    let loaded = idem_conformance::server::manifest::parse(&text, "init").expect("template parses");
     for only in ["concurrency.gate", "replay.verbatim"] {
         let r = support::run_only(&stack, &loaded, 9, Some(only)).await;
         let c = r.cases.iter().find(|c| c.id == only).expect(only);

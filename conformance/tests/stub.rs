@@ -11,7 +11,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, post};
-use idem_conformance::{manifest, runner};
+use idem_conformance::server::{manifest, runner};
 use idem_spec::report::Verdict;
 use idem_spec::{ErrorCode, Fingerprint, IdempotencyKey, Problem, Profile};
 use serde_json::{Value, json};
@@ -329,7 +329,7 @@ async fn run_with(loaded: manifest::Loaded) -> idem_spec::report::Report {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_contract_keeping_double_passes() {
     let r = run(Breaks::default()).await;
-    let console = idem_conformance::report::console::render(&r);
+    let console = idem_conformance::verdict::report::console::render(&r);
     let bad: Vec<&str> = r
         .cases
         .iter()
@@ -382,7 +382,7 @@ async fn a_double_that_drops_the_marker_fails_idem_replay_marker() {
         .find(|c| c.id == "replay.verbatim")
         .expect("case");
     assert_eq!(v.verdict, Verdict::Fail);
-    let text = idem_conformance::report::explain(v).join("\n");
+    let text = idem_conformance::verdict::report::explain(v).join("\n");
     assert!(
         text.contains("idem.replay.marker") && text.contains("curl "),
         "{text}"
@@ -477,7 +477,7 @@ async fn a_lagging_probe_is_read_again_and_a_short_count_still_stands() {
     };
     loaded.manifest.limits.probe_settle_ms = 1_000;
     let client = runner::client(&loaded).expect("client");
-    let ctx = idem_conformance::case::Ctx::new(loaded.manifest, client, "run".into(), 1);
+    let ctx = idem_conformance::server::case::Ctx::new(loaded.manifest, client, "run".into(), 1);
     let n = ctx.effects_settled(0, "m", &[], 1).await.expect("probe");
     assert_eq!(n, 1, "read until the listing caught up");
     assert_eq!(reads.load(Ordering::SeqCst), 3);

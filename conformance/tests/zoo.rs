@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use idem_conformance::manifest::{self, Loaded};
-use idem_conformance::runner::{self, Options};
+use idem_conformance::server::manifest::{self, Loaded};
+use idem_conformance::server::runner::{self, Options};
 use idem_spec::clauses::Class;
 use idem_spec::report::{Outcome, Report, Verdict};
 use idem_zoo::{Defect, Dialect, Quirk, ZooConfig};
@@ -159,7 +159,7 @@ fn judge(
     r: &Report,
     cell: &mut Cell,
 ) {
-    let console = idem_conformance::report::console::render(r);
+    let console = idem_conformance::verdict::report::console::render(r);
     let mut problem = |what: String| {
         cell.problems.push(format!(
             "{dialect} × {} (seed {seed}): {what}",
@@ -497,12 +497,12 @@ async fn console_json_junit_and_html_agree_on_every_count() {
     assert!(r.cases.iter().any(|c| c.waived.is_some()));
 
     // JSON: the model itself, round-tripped.
-    let json = idem_conformance::report::json(&r).expect("json");
+    let json = idem_conformance::verdict::report::json(&r).expect("json");
     let back: Report = serde_json::from_str(&json).expect("parses");
     assert_eq!(back, r);
 
     // Console.
-    let console = idem_conformance::report::console::render(&r);
+    let console = idem_conformance::verdict::report::console::render(&r);
     assert_eq!(
         console_numbers(&console, "cases:"),
         [
@@ -556,7 +556,7 @@ async fn console_json_junit_and_html_agree_on_every_count() {
     );
 
     // JUnit: one test case per case; failures and errors only unwaived.
-    let xml = idem_conformance::report::junit::render(&r).expect("junit");
+    let xml = idem_conformance::verdict::report::junit::render(&r).expect("junit");
     let unwaived = |v: Verdict| {
         r.cases
             .iter()
@@ -578,7 +578,7 @@ async fn console_json_junit_and_html_agree_on_every_count() {
     assert!(xml.contains(&format!("value=\"{}\"", s.result.as_str())));
 
     // HTML: every count, every row.
-    let html = idem_conformance::report::html::render(&r);
+    let html = idem_conformance::verdict::report::html::render(&r);
     for (name, n) in [
         ("cases-pass", s.pass),
         ("cases-fail", s.fail),
@@ -754,7 +754,7 @@ async fn key_matched_probes_count_by_the_key_the_request_carried() {
                 gate.verdict,
                 Verdict::Pass,
                 "{}",
-                idem_conformance::report::console::render(&r)
+                idem_conformance::verdict::report::console::render(&r)
             ),
             Some(_) => assert_eq!(r.summary.unsafe_clauses, ["idem.concurrency.single-effect"]),
         }
@@ -776,7 +776,7 @@ async fn the_cli_writes_every_artefact_into_one_directory_and_exits_with_the_res
     let _ = std::fs::remove_dir_all(&out);
     let manifest =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("zoo/manifests/plain-json-417.toml");
-    let cli = idem_conformance::commands::Cli::parse_from([
+    let cli = idem_conformance::cli::Cli::parse_from([
         "idem-conformance".to_owned(),
         "run".into(),
         "--target".into(),
@@ -788,7 +788,7 @@ async fn the_cli_writes_every_artefact_into_one_directory_and_exits_with_the_res
         "--out-dir".into(),
         out.display().to_string(),
     ]);
-    let code = idem_conformance::commands::execute(cli).await;
+    let code = idem_conformance::cli::execute(cli).await;
     zoo.shutdown().await;
     assert_eq!(
         code,
@@ -814,7 +814,7 @@ async fn the_cli_writes_every_artefact_into_one_directory_and_exits_with_the_res
         .expect("a failing case");
     let again = failed.rerun.as_ref().expect("re-run evidence");
     assert!(!again.narrative.is_empty() && !again.reproduction.is_empty());
-    let explained = idem_conformance::report::explain(failed).join("\n");
+    let explained = idem_conformance::verdict::report::explain(failed).join("\n");
     assert!(explained.contains("automatic re-run"), "{explained}");
     let _ = std::fs::remove_dir_all(&out);
 }
@@ -841,7 +841,7 @@ async fn a_spent_budget_is_a_harness_error_naming_the_case_and_the_setting() {
     .await
     .expect("run");
     zoo.shutdown().await;
-    let console = idem_conformance::report::console::render(&r);
+    let console = idem_conformance::verdict::report::console::render(&r);
     assert_eq!(r.summary.result, Outcome::HarnessError, "{console}");
     assert!(r.summary.unsafe_clauses.is_empty(), "{console}");
     let spent: Vec<&str> = r
@@ -877,7 +877,7 @@ async fn a_run_stopped_by_its_preflight_still_writes_its_reports() {
     let manifest = dir.join("target.toml");
     std::fs::write(&manifest, text).expect("write");
     let out = dir.join("out");
-    let cli = idem_conformance::commands::Cli::parse_from([
+    let cli = idem_conformance::cli::Cli::parse_from([
         "idem-conformance".to_owned(),
         "run".into(),
         "--target".into(),
@@ -887,7 +887,7 @@ async fn a_run_stopped_by_its_preflight_still_writes_its_reports() {
         "--out-dir".into(),
         out.display().to_string(),
     ]);
-    let code = idem_conformance::commands::execute(cli).await;
+    let code = idem_conformance::cli::execute(cli).await;
     zoo.shutdown().await;
     assert_eq!(code, idem_conformance::EXIT_HARNESS);
     let report: Report =

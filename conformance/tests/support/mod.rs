@@ -2,7 +2,7 @@
 //! as a child process.
 //!
 //! The tests never link the server: they ask Cargo to build the
-//! `idem-server` binary (`idem_conformance::demo::build_server`, the same
+//! `idem-server` binary (`idem_conformance::server::demo::build_server`, the same
 //! path the `demo` command takes; a no-op when it is fresh) or use
 //! `IDEM_SERVER_BIN`, then start it on a temporary SQLite file.
 
@@ -10,9 +10,9 @@
 
 use std::path::PathBuf;
 
-use idem_conformance::demo::{self, Stack};
-use idem_conformance::manifest::{self, Loaded};
-use idem_conformance::runner::{self, Options};
+use idem_conformance::server::demo::{self, Stack};
+use idem_conformance::server::manifest::{self, Loaded};
+use idem_conformance::server::runner::{self, Options};
 use idem_spec::report::Report;
 
 /// The server binary, or None (with a loud SKIPPED line) when this checkout
@@ -93,7 +93,7 @@ pub async fn run_only(stack: &Stack, loaded: &Loaded, seed: u64, only: Option<&s
 
 /// The console report, for assertion messages.
 pub fn show(r: &Report) -> String {
-    idem_conformance::report::console::render(r)
+    idem_conformance::verdict::report::console::render(r)
 }
 
 /// A conforming server binary for the unflawed runs. Prefers the `flaws`

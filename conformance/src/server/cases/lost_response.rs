@@ -1,13 +1,13 @@
 //! The lost-response case: the target commits, the response is lost on the
 //! way back, the client retries with the same key.
 
-use crate::clause;
+use idem_conformance_core::clause;
 use std::time::Duration;
 
 use super::check_marked;
-use crate::case::{Aim, Case, HOLD, Rec, shared};
-use crate::manifest::ManifestExt;
-use crate::proxy::DropProxy;
+use crate::server::case::{Aim, Case, HOLD, Rec, shared};
+use crate::server::manifest::ManifestExt;
+use crate::server::proxy::DropProxy;
 use idem_spec::report::Verdict;
 
 /// The cases of this family.

@@ -1,14 +1,14 @@
 //! The key family: where the key is read, its syntax, invalid and missing
 //! keys, and errors that must not consume a key.
 
-use crate::clause;
+use idem_conformance_core::clause;
 use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 use idem_spec::report::Verdict;
 
 use super::{KEY, check_refusal, check_replay, err, fresh};
-use crate::case::{Aim, Case, Need, Rec, shared};
-use crate::manifest::ManifestExt;
+use crate::server::case::{Aim, Case, Need, Rec, shared};
+use crate::server::manifest::ManifestExt;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -564,7 +564,7 @@ async fn published(rec: &mut Rec) {
     let Some(path) = rec.ctx.manifest.target.openapi_url.clone() else {
         return;
     };
-    let req = crate::http::Request {
+    let req = crate::server::http::Request {
         method: "GET".into(),
         url: rec.ctx.url(&path),
         headers: rec.ctx.auth(0),

@@ -7,13 +7,13 @@
 //! failure of the same clause. A broken replay of a caller's own request is
 //! the replay's finding, not scope's.
 
-use crate::clause;
+use idem_conformance_core::clause;
 use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 
 use super::{check_replay, fresh};
-use crate::case::{Aim, Case, Rec, shared};
-use crate::http::Response;
+use crate::server::case::{Aim, Case, Rec, shared};
+use crate::server::http::Response;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -42,7 +42,7 @@ pub fn cases() -> Vec<Case> {
     }]
 }
 
-/// [`crate::case::Ctx::is_leak`], stopping the case when the probe cannot
+/// [`crate::server::case::Ctx::is_leak`], stopping the case when the probe cannot
 /// tell: `Some(None)` no leak, `Some(Some(proof))` a leak and what proves it.
 async fn leaked(
     rec: &mut Rec,

@@ -2,8 +2,8 @@
 //! and must not produce.
 
 use super::*;
-use crate::client::record::Attempt;
-use crate::client::scenario::{IN_FLIGHT_CODE, MISMATCH_CODE, all};
+use crate::record::Attempt;
+use crate::scenario::{IN_FLIGHT_CODE, MISMATCH_CODE, all};
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

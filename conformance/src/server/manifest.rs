@@ -210,7 +210,7 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
             .iter()
             .filter_map(|e| e.probe.as_ref().map(|p| ("endpoints[].probe", p))),
     ) {
-        if crate::probe::by_key(p)
+        if crate::server::probe::by_key(p)
             && let EffectProbe::Count {
                 caller: Some(_), ..
             }
@@ -271,7 +271,7 @@ pub trait ManifestExt {
     /// How the target spells `code`.
     fn wire(&self, code: ErrorCode) -> WireError;
     /// Whether `r` is the contract error `code` as the target declares it.
-    fn matches(&self, r: &crate::http::Response, code: ErrorCode) -> bool;
+    fn matches(&self, r: &crate::server::http::Response, code: ErrorCode) -> bool;
     /// `code` as declared, for reports: `409 idempotency_key_mismatch`,
     /// `422 (body matching "reused")`.
     fn spelled(&self, code: ErrorCode) -> String;
@@ -280,13 +280,13 @@ pub trait ManifestExt {
     /// Whether `r` carries the declared replay marker with its declared
     /// value; `None` when the target declares none (then only the answer's
     /// bytes can tell).
-    fn marked(&self, r: &crate::http::Response) -> Option<bool>;
+    fn marked(&self, r: &crate::server::http::Response) -> Option<bool>;
     /// The declared replay marker for reports: `Idempotent-Replayed: true`,
     /// `X-Replayed: 1`, or `no replay marker (declared)`.
     fn marker_spelled(&self) -> String;
     /// The error code of `r` where the target puts it
     /// (`profile.code_pointer`, default `/code`).
-    fn code_of(&self, r: &crate::http::Response) -> Option<String>;
+    fn code_of(&self, r: &crate::server::http::Response) -> Option<String>;
     /// Whether the target holds in-flight duplicates rather than refusing
     /// them (`policy.in_flight` is `always_wait` or `none`).
     fn never_refuses_in_flight(&self) -> bool;
@@ -320,7 +320,7 @@ impl ManifestExt for Manifest {
             })
     }
 
-    fn matches(&self, r: &crate::http::Response, code: ErrorCode) -> bool {
+    fn matches(&self, r: &crate::server::http::Response, code: ErrorCode) -> bool {
         wire_matches(&self.wire(code), r)
     }
 
@@ -336,7 +336,7 @@ impl ManifestExt for Manifest {
         }
     }
 
-    fn marked(&self, r: &crate::http::Response) -> Option<bool> {
+    fn marked(&self, r: &crate::server::http::Response) -> Option<bool> {
         let h = self.marker_header()?;
         let want = self
             .profile
@@ -362,7 +362,7 @@ impl ManifestExt for Manifest {
         }
     }
 
-    fn code_of(&self, r: &crate::http::Response) -> Option<String> {
+    fn code_of(&self, r: &crate::server::http::Response) -> Option<String> {
         r.code_at(self.profile.code_pointer.as_deref().unwrap_or("/code"))
     }
 
@@ -393,7 +393,7 @@ impl ManifestExt for Manifest {
 
 /// Whether `r` is the error `w` describes: its status, and every body
 /// condition it names.
-pub fn wire_matches(w: &WireError, r: &crate::http::Response) -> bool {
+pub fn wire_matches(w: &WireError, r: &crate::server::http::Response) -> bool {
     if r.status != w.status {
         return false;
     }
@@ -799,8 +799,8 @@ mod tests {
         assert!(m.profile_name().starts_with("custom"));
     }
 
-    fn resp(status: u16, body: &str) -> crate::http::Response {
-        crate::http::Response {
+    fn resp(status: u16, body: &str) -> crate::server::http::Response {
+        crate::server::http::Response {
             status,
             headers: vec![],
             body: body.as_bytes().to_vec(),

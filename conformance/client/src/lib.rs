@@ -1,3 +1,5 @@
+//! # idem-conformance-client: the client check of the idemkit conformance kit
+//!
 //! The client check: `idem-conformance client --run 'COMMAND'` judges any
 //! SDK's retry behaviour against the contract's client clauses
 //! (`idem.client.*`, book chapter "Client guidance and SDK defaults").
@@ -12,10 +14,12 @@
 //! the same console, JSON, JUnit and HTML renderers as the server check,
 //! with the same UNSAFE / DEVIATES / CONFORMS result and exit codes.
 
+mod error;
 pub mod judge;
 pub mod record;
 pub mod runner;
 pub mod scenario;
 pub mod server;
 
+pub use error::Error;
 pub use runner::{ClientOptions, ClientRun, ClientUnderTest, ShellCommand, run};

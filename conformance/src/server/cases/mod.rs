@@ -1,7 +1,7 @@
 //! Every case, grouped by clause family: one module per family, each
-//! exporting `cases()` with the same small shape ([`crate::case::Case`]).
+//! exporting `cases()` with the same small shape ([`crate::server::case::Case`]).
 
-use crate::clause;
+use idem_conformance_core::clause;
 use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 use idem_spec::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
@@ -9,9 +9,9 @@ use idem_spec::manifest::Manifest;
 use idem_spec::problem::PROBLEM_CONTENT_TYPE;
 use serde_json::Value;
 
-use crate::case::{Case, Rec};
-use crate::http::Response;
-use crate::manifest::ManifestExt;
+use crate::server::case::{Case, Rec};
+use crate::server::http::Response;
+use crate::server::manifest::ManifestExt;
 
 pub mod concurrency;
 pub mod failure;
@@ -36,7 +36,7 @@ pub fn all() -> Vec<Case> {
     v.extend(inflight::cases());
     v.extend(concurrency::cases());
     v.extend(lost_response::cases());
-    v.push(crate::model::case());
+    v.push(crate::server::model::case());
     v.extend(windows::cases());
     v.extend(recovery::cases());
     v
@@ -81,7 +81,7 @@ pub fn problem_shape(r: &Response) -> Result<(), String> {
 /// refused.
 pub fn check_refusal(
     rec: &mut Rec,
-    clause: crate::clause::ClauseId,
+    clause: idem_conformance_core::clause::ClauseId,
     class: Class,
     r: &Response,
     code: ErrorCode,
@@ -136,7 +136,7 @@ pub async fn fresh(
     rec: &mut Rec,
     caller: usize,
     key: &str,
-) -> Option<(crate::http::Request, Response, String)> {
+) -> Option<(crate::server::http::Request, Response, String)> {
     let marker = rec.ctx.marker();
     let body = rec.ctx.body(caller, &marker);
     let req = rec.ctx.op(caller, Some(key), &marker, &body);

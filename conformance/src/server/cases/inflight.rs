@@ -1,7 +1,7 @@
 //! The in-flight family: a duplicate of a running request is refused with
 //! 409 in-use and Retry-After, or held and replayed under `Prefer: wait`.
 
-use crate::clause;
+use idem_conformance_core::clause;
 use std::time::Duration;
 
 use idem_spec::ErrorCode;
@@ -11,9 +11,9 @@ use idem_spec::report::Verdict;
 
 use super::check_spelling;
 use super::concurrency::{classify, round};
-use crate::case::{Aim, Case, HOLD, Need, Rec, alone};
-use crate::http::Response;
-use crate::manifest::ManifestExt;
+use crate::server::case::{Aim, Case, HOLD, Need, Rec, alone};
+use crate::server::http::Response;
+use crate::server::manifest::ManifestExt;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {

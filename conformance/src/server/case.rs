@@ -35,10 +35,10 @@ use idem_spec::manifest::{Caller, EffectProbe, Endpoint, Manifest};
 use idem_spec::report::{CheckReport, Verdict};
 use serde_json::Value;
 
-use crate::clause::ClauseId;
-use crate::http::{Client, Failure, Request, Response, Sent};
-use crate::manifest::{ManifestExt, amount_exclusions, draw_amount, expand, expand_text};
-use crate::probe::{self, ProbeError, Subject};
+use idem_conformance_core::clause::ClauseId;
+use crate::server::http::{Client, Failure, Request, Response, Sent};
+use crate::server::manifest::{ManifestExt, amount_exclusions, draw_amount, expand, expand_text};
+use crate::server::probe::{self, ProbeError, Subject};
 
 /// A boxed future borrowing the recorder.
 pub type BoxFut<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;

@@ -1,12 +1,12 @@
 //! The replay family: a duplicate of a completed request gets the stored
 //! response byte for byte, with the marker, and causes nothing.
 
-use crate::clause;
+use idem_conformance_core::clause;
 use idem_spec::clauses::Class;
 
 use super::{check_marked, check_replay, fresh};
-use crate::case::{Aim, Case, Rec, shared};
-use crate::manifest::ManifestExt;
+use crate::server::case::{Aim, Case, Rec, shared};
+use crate::server::manifest::ManifestExt;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {

@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 use idem_spec::manifest::{EffectProbe, MatchOn};
 use serde_json::Value;
 
-use crate::http::{Client, Request, Response};
+use crate::server::http::{Client, Request, Response};
 
 /// The operation a probe is asked about: its run-unique marker and the
 /// idempotency keys it was sent with (unquoted).

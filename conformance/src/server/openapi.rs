@@ -543,7 +543,7 @@ pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
 /// and where the documented template lives.
 pub fn render(seeded: &Seeded, origin: &str) -> Result<String, Error> {
     let body = toml::to_string_pretty(&seeded.manifest)
-        .map_err(|e| Error::Report(format!("cannot write the manifest: {e}")))?;
+        .map_err(|e| Error::Seed(format!("cannot write the manifest: {e}")))?;
     let mut s = format!(
         "# idem-conformance target manifest, seeded from {origin}.\n\
          # Every value {FILL_ME}... is for you to fill in. Every field is documented in the\n\

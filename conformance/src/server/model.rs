@@ -17,8 +17,8 @@
 //! single-effect). An answer that never came is not a violation: the
 //! sequence is undecided, and the case inconclusive if nothing failed.
 
-use crate::clause;
-use crate::clause::ClauseId;
+use idem_conformance_core::clause;
+use idem_conformance_core::clause::ClauseId;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,11 +31,11 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestError, TestRng, TestRunner};
 use serde::{Deserialize, Serialize};
 
-use crate::case::{Aim, Case, Ctx, Rec};
-use crate::cases::concurrency;
-use crate::http::{Failure, Response, Sent};
-use crate::manifest::{ManifestExt, expand};
-use crate::probe::ProbeError;
+use crate::server::case::{Aim, Case, Ctx, Rec};
+use crate::server::cases::concurrency;
+use crate::server::http::{Failure, Response, Sent};
+use crate::server::manifest::{ManifestExt, expand};
+use crate::server::probe::ProbeError;
 
 /// Keys per sequence (small, so collisions between operations are common).
 pub const KEYS: u8 = 2;
@@ -895,7 +895,7 @@ async fn property(rec: &mut Rec) {
                 _ => v,
             };
             let cx = Counterexample {
-                kit_version: crate::KIT_VERSION.to_owned(),
+                kit_version: idem_conformance_core::KIT_VERSION.to_owned(),
                 seed,
                 ops: ops.clone(),
                 violation: final_v.clone(),
@@ -986,10 +986,10 @@ mod tests {
     }
 
     fn ctx() -> Ctx {
-        let m = crate::manifest::parse(crate::manifest::TEMPLATE, "t")
+        let m = crate::server::manifest::parse(crate::server::manifest::TEMPLATE, "t")
             .expect("template")
             .manifest;
-        let client = crate::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
+        let client = crate::server::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
             .expect("client");
         Ctx::new(m, client, "run".into(), 1)
     }

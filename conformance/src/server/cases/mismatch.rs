@@ -7,14 +7,14 @@
 //! (the mismatch was not detected, but each request ran once); a refusal in
 //! another spelling is `interop`.
 
-use crate::clause;
+use idem_conformance_core::clause;
 use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 
 use super::{check_spelling, err, fresh};
-use crate::case::{Aim, Case, Rec, shared};
-use crate::http::Response;
-use crate::manifest::ManifestExt;
+use crate::server::case::{Aim, Case, Rec, shared};
+use crate::server::http::Response;
+use crate::server::manifest::ManifestExt;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {

@@ -9,13 +9,13 @@
 //! for a double effect: from outside, a non-atomic claim and a missing
 //! in-flight state look the same, and the kit reports what it saw.
 
-use crate::clause;
+use idem_conformance_core::clause;
 use idem_spec::ErrorCode;
 use idem_spec::clauses::Class;
 
-use crate::case::{Aim, Case, Ctx, Rec, shared};
-use crate::http::{Failure, Request, Response, Sent};
-use crate::manifest::ManifestExt;
+use crate::server::case::{Aim, Case, Ctx, Rec, shared};
+use crate::server::http::{Failure, Request, Response, Sent};
+use crate::server::manifest::ManifestExt;
 
 /// Gate rounds per run: a race that loses once in a few tries still shows.
 pub const ROUNDS: usize = 3;
@@ -521,7 +521,7 @@ async fn two_callers(rec: &mut Rec) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::Failure;
+    use crate::server::http::Failure;
     use idem_spec::manifest::Manifest;
 
     fn r(status: u16, replayed: bool, body: &str, retry_after: bool) -> Sent {
@@ -540,13 +540,13 @@ mod tests {
     }
 
     fn ctx(m: Manifest) -> Ctx {
-        let client = crate::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
+        let client = crate::server::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
             .expect("client");
         Ctx::new(m, client, "run".into(), 1)
     }
 
     fn manifest() -> Manifest {
-        crate::manifest::parse(crate::manifest::TEMPLATE, "t")
+        crate::server::manifest::parse(crate::server::manifest::TEMPLATE, "t")
             .expect("template")
             .manifest
     }

@@ -2,10 +2,10 @@
 //! request after it. Needs the clock hook; these cases run last because they
 //! move the target's clock.
 
+use idem_conformance_core::clause;
 use super::recovery::crash_then_retry;
 use super::{check_marked, check_replay, fresh};
-use crate::case::{Aim, Case, Need, Rec, alone, shared};
-use crate::clause;
+use crate::server::case::{Aim, Case, Need, Rec, alone, shared};
 
 use idem_spec::report::Verdict;
 
@@ -251,7 +251,7 @@ async fn published(rec: &mut Rec) {
     let Some(path) = rec.ctx.manifest.target.openapi_url.clone() else {
         return;
     };
-    let req = crate::http::Request {
+    let req = crate::server::http::Request {
         method: "GET".into(),
         url: rec.ctx.url(&path),
         headers: rec.ctx.auth(0),

@@ -501,7 +501,7 @@ async fn read_request(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<O
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::scenario::all;
+    use crate::scenario::all;
 
     async fn start(id: &str) -> FaultServer {
         let scenario = all(2)

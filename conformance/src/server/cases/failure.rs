@@ -9,15 +9,15 @@
 //! (`semantics`: the answer is not the stored one, the key was not
 //! released) and says what it could not.
 
-use crate::clause;
+use idem_conformance_core::clause;
 use idem_spec::clauses::Class;
 use idem_spec::policy::FailurePolicy;
 use idem_spec::report::Verdict;
 
 use super::{check_replay, preview};
-use crate::case::{Aim, Case, Need, Rec, shared};
-use crate::http::Response;
-use crate::manifest::ManifestExt;
+use crate::server::case::{Aim, Case, Need, Rec, shared};
+use crate::server::http::Response;
+use crate::server::manifest::ManifestExt;
 
 /// `failure.5xx-not-stored` runs with either way of provoking a 5xx.
 const SERVER_ERROR: Need = Need {
@@ -112,7 +112,7 @@ async fn final_4xx(rec: &mut Rec) {
     let a = rec.alias(&key);
     let name = rec.ctx.name(0).to_owned();
     let marker = rec.ctx.marker();
-    let body = crate::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
+    let body = crate::server::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
     let req = rec.ctx.op(0, Some(&key), &marker, &body);
     let Some(r1) = rec
         .send(
@@ -334,7 +334,7 @@ async fn by_body(rec: &mut Rec) {
     let a = rec.alias(&key);
     let name = rec.ctx.name(0).to_owned();
     let marker = rec.ctx.marker();
-    let body = crate::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
+    let body = crate::server::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
     let req = rec.ctx.op(0, Some(&key), &marker, &body);
     let Some(r1) = rec
         .send(
@@ -435,7 +435,7 @@ const DECLARED_LENGTH: usize = 64 << 20;
 /// inconclusive. (An HTTP client library cannot be used here: when the
 /// server answers before reading a large body and closes the connection,
 /// the client loses the answer in a transport error.)
-async fn send_declared_oversize(req: &crate::http::Request) -> Result<u16, String> {
+async fn send_declared_oversize(req: &crate::server::http::Request) -> Result<u16, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let url = reqwest::Url::parse(&req.url).map_err(|e| format!("bad URL: {e}"))?;
     if url.scheme() != "http" {
@@ -583,12 +583,12 @@ mod tests {
     use std::sync::Arc;
 
     fn rec() -> Rec {
-        let m = crate::manifest::parse(crate::manifest::TEMPLATE, "t")
+        let m = crate::server::manifest::parse(crate::server::manifest::TEMPLATE, "t")
             .expect("template")
             .manifest;
-        let client = crate::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
+        let client = crate::server::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
             .expect("client");
-        Rec::new(Arc::new(crate::case::Ctx::new(m, client, "run".into(), 1)))
+        Rec::new(Arc::new(crate::server::case::Ctx::new(m, client, "run".into(), 1)))
     }
 
     fn resp(status: u16, retry_after: bool) -> Response {

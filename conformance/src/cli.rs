@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 use clap::{Parser, Subcommand};
 use idem_spec::report::Report;
 
-use crate::manifest::{self, Loaded};
-use crate::runner::{self, Options};
-use crate::{EXIT_CONFORMS, EXIT_HARNESS, EXIT_UNSAFE, Error};
+use crate::server::manifest::{self, Loaded};
+use crate::server::runner::{self, Options};
+use crate::Error;
+use idem_conformance_core::{EXIT_CONFORMS, EXIT_HARNESS, EXIT_UNSAFE};
 
 /// Checks an HTTP API against the idempotency contract, black-box.
 #[derive(Debug, Parser)]
@@ -175,7 +176,7 @@ pub async fn execute(cli: Cli) -> i32 {
             out,
         } => match out.prepare() {
             Ok(dir) => {
-                crate::demo::run(
+                crate::server::demo::run(
                     Options {
                         seed,
                         only,
@@ -257,14 +258,14 @@ pub async fn execute(cli: Cli) -> i32 {
         } => {
             client(
                 command,
-                crate::client::ClientOptions {
+                idem_conformance_client::ClientOptions {
                     deadline: std::time::Duration::from_secs(deadline.max(1)),
                     runs,
                     seed,
                     only,
                     success_body,
                     progress: true,
-                    ..crate::client::ClientOptions::default()
+                    ..idem_conformance_client::ClientOptions::default()
                 },
                 &out,
             )
@@ -281,7 +282,7 @@ pub async fn execute(cli: Cli) -> i32 {
 /// reports; a command that never reached the API is a harness error.
 pub async fn client(
     command: String,
-    opts: crate::client::ClientOptions,
+    opts: idem_conformance_client::ClientOptions,
     out: &Outputs,
 ) -> Result<i32, Error> {
     if command.trim().is_empty() {
@@ -293,16 +294,16 @@ pub async fn client(
             opts.success_body
         )));
     }
-    if opts.runs < crate::client::judge::JITTER_MIN_SAMPLES {
+    if opts.runs < idem_conformance_client::judge::JITTER_MIN_SAMPLES {
         return Err(Error::Client(format!(
             "--runs must be at least {}",
-            crate::client::judge::JITTER_MIN_SAMPLES
+            idem_conformance_client::judge::JITTER_MIN_SAMPLES
         )));
     }
     out.prepare()?;
     let started = std::time::Instant::now();
-    let report = crate::client::run(
-        std::sync::Arc::new(crate::client::ShellCommand::new(command)),
+    let report = idem_conformance_client::run(
+        std::sync::Arc::new(idem_conformance_client::ShellCommand::new(command)),
         &opts,
     )
     .await?;
@@ -350,7 +351,7 @@ async fn run(
 /// Prints the console report and writes every report into the output
 /// directory (and any extra copy asked for); returns the report's exit code.
 pub fn emit(report: &Report, out: &Outputs) -> Result<i32, Error> {
-    print!("{}", crate::report::console::render(report));
+    print!("{}", idem_conformance_core::report::console::render(report));
     let dir = out.prepare()?;
     let write = |p: &Path, s: &str| {
         std::fs::write(p, s).map_err(|source| Error::Io {
@@ -358,9 +359,9 @@ pub fn emit(report: &Report, out: &Outputs) -> Result<i32, Error> {
             source,
         })
     };
-    let html = crate::report::html::render(report);
-    let json = crate::report::json(report)?;
-    let junit = crate::report::junit::render(report)?;
+    let html = idem_conformance_core::report::html::render(report);
+    let json = idem_conformance_core::report::json(report)?;
+    let junit = idem_conformance_core::report::junit::render(report)?;
     for (name, text, extra) in [
         ("report.html", &html, &out.html),
         ("report.json", &json, &out.json),
@@ -391,7 +392,7 @@ pub fn plan_text(loaded: &Loaded) -> String {
         "target {} ({}), profile {}, manifest sha256 {}\n",
         m.target.name,
         m.target.base_url,
-        crate::manifest::ManifestExt::profile_name(m),
+        crate::server::manifest::ManifestExt::profile_name(m),
         loaded.sha256
     );
     for c in runner::plan(&Options::default()) {
@@ -417,7 +418,7 @@ pub fn plan_text(loaded: &Loaded) -> String {
         for w in m
             .waivers
             .iter()
-            .filter(|w| crate::waivers::matches(&w.case, c.id))
+            .filter(|w| idem_conformance_core::waivers::matches(&w.case, c.id))
         {
             s.push_str(&format!("  waived: {}\n", w.reason));
         }
@@ -459,8 +460,8 @@ pub fn init_from_openapi(path: &Path, doc: &Path) -> Result<usize, Error> {
         source,
     })?;
     let origin = doc.display().to_string();
-    let seeded = crate::openapi::seed(&text, &origin)?;
-    let toml = crate::openapi::render(&seeded, &origin)?;
+    let seeded = crate::server::openapi::seed(&text, &origin)?;
+    let toml = crate::server::openapi::render(&seeded, &origin)?;
     // What it writes must load as a manifest.
     manifest::parse(&toml, &path.display().to_string())?;
     std::fs::write(path, toml).map_err(|source| Error::Io {
@@ -477,7 +478,7 @@ pub async fn replay(file: &Path, target: &Path, base_url: Option<String>) -> Res
         path: file.to_owned(),
         source,
     })?;
-    let cx: crate::model::Counterexample =
+    let cx: crate::server::model::Counterexample =
         serde_json::from_str(&text).map_err(|e| Error::ReplayFile {
             path: file.display().to_string(),
             message: e.to_string(),
@@ -495,11 +496,11 @@ pub const REPLAY_ATTEMPTS: u32 = 10;
 /// Exit 1 when any attempt still violates the contract, 0 when every
 /// attempt agrees with the model.
 pub async fn replay_loaded(
-    cx: &crate::model::Counterexample,
+    cx: &crate::server::model::Counterexample,
     loaded: &Loaded,
 ) -> Result<i32, Error> {
     let client = runner::client(loaded)?;
-    let ctx = crate::case::Ctx::new(loaded.manifest.clone(), client, runner::run_id(), cx.seed);
+    let ctx = crate::server::case::Ctx::new(loaded.manifest.clone(), client, runner::run_id(), cx.seed);
     println!(
         "replaying {} operation(s) (found with seed {}) against {}, up to {REPLAY_ATTEMPTS} times",
         cx.ops.len(),
@@ -507,9 +508,9 @@ pub async fn replay_loaded(
         loaded.manifest.target.base_url
     );
     for attempt in 1..=REPLAY_ATTEMPTS {
-        match crate::model::execute(&ctx, &cx.ops, &format!("r{attempt}")).await {
+        match crate::server::model::execute(&ctx, &cx.ops, &format!("r{attempt}")).await {
             Ok(_) => {}
-            Err(crate::model::Stop::Violation(v)) => {
+            Err(crate::server::model::Stop::Violation(v)) => {
                 println!(
                     "STILL FAILS (attempt {attempt}): {} [{}]",
                     v.clause, v.class
@@ -521,7 +522,7 @@ pub async fn replay_loaded(
                 }
                 return Ok(EXIT_UNSAFE);
             }
-            Err(crate::model::Stop::Undecided(why) | crate::model::Stop::Harness(why)) => {
+            Err(crate::server::model::Stop::Undecided(why) | crate::server::model::Stop::Harness(why)) => {
                 println!("UNDECIDED (attempt {attempt}): {why}");
                 return Ok(EXIT_HARNESS);
             }

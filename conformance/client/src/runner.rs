@@ -233,7 +233,7 @@ pub async fn run_once(
         success_body: Arc::from(opts.success_body.as_str()),
     })
     .await
-    .map_err(|e| Error::Server(format!("fault server: {e}")))?;
+    .map_err(|e| Error::FaultServer(e.to_string()))?;
     let base_url = server.base_url().to_owned();
     let mut changes = server.watch();
     let (exit, out) = {
@@ -350,7 +350,7 @@ fn never_contacted(client: &dyn ClientUnderTest, r: &RunRecord, contact: Duratio
 }
 
 fn glob(pattern: &str, id: &str) -> bool {
-    crate::waivers::matches(pattern, id)
+    idem_conformance_core::waivers::matches(pattern, id)
 }
 
 /// Checks `client` against the contract's client clauses: the plain
@@ -381,7 +381,7 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
         .iter()
         .find(|s| s.id == scenario::PREFLIGHT)
         .cloned()
-        .ok_or_else(|| Error::Report("no preflight scenario".into()))?;
+        .ok_or_else(|| Error::Check("no preflight scenario".into()))?;
     progress(format!(
         "idem-conformance client: {} (deadline {} s, {} jitter runs)",
         client.describe(),
@@ -465,7 +465,7 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
     let mut records: Vec<RunRecord> = vec![first];
     let mut done = 0;
     while let Some(j) = set.join_next().await {
-        let rs = j.map_err(|e| Error::Report(format!("a run panicked: {e}")))??;
+        let rs = j.map_err(|e| Error::Check(format!("a run panicked: {e}")))??;
         for r in rs {
             done += 1;
             progress(format!(
@@ -554,7 +554,7 @@ fn finish(report: &mut Report) {
         .iter()
         .flat_map(|c| c.checks.iter().map(|k| k.clause.clone()))
         .collect();
-    crate::runner::finish_where(report, &[], &|c| {
+    idem_conformance_core::summary::finish_where(report, &[], &|c| {
         c.party == Party::Client || cited.contains(&c.id)
     });
     for row in &mut report.clauses {
@@ -569,13 +569,13 @@ fn finish(report: &mut Report) {
 fn base_report(client: &dyn ClientUnderTest, seed: u64, started_unix_secs: u64) -> Report {
     let name = client.describe();
     Report {
-        kit_version: crate::KIT_VERSION.to_owned(),
+        kit_version: idem_conformance_core::KIT_VERSION.to_owned(),
         contract_version: idem_spec::CONTRACT_VERSION.to_owned(),
         profile: "client".to_owned(),
         manifest_sha256: hex::encode(sha2::Sha256::digest(name.as_bytes())),
         target: name,
         base_url: "127.0.0.1, one fault server per run".to_owned(),
-        run_id: crate::runner::run_id(),
+        run_id: idem_conformance_core::run_id(),
         seed,
         started_unix_secs,
         duration_ms: 0,
@@ -587,7 +587,7 @@ fn base_report(client: &dyn ClientUnderTest, seed: u64, started_unix_secs: u64) 
         cases: Vec::new(),
         clauses: Vec::new(),
         waivers: Vec::new(),
-        summary: crate::runner::empty_summary(),
+        summary: idem_conformance_core::summary::empty_summary(),
     }
 }
 

@@ -26,7 +26,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
 use crate::Error;
-use crate::case::Restarter;
+use crate::server::case::Restarter;
 
 /// Environment variable naming a prebuilt `idem-server` binary.
 pub const SERVER_BIN_ENV: &str = "IDEM_SERVER_BIN";
@@ -389,10 +389,10 @@ impl Stack {
 /// manifest for it into the output directory, run every case, emit reports
 /// there.
 pub async fn run(
-    opts: crate::runner::Options,
+    opts: crate::server::runner::Options,
     flaw: Option<String>,
     profile: idem_spec::Profile,
-    out: &crate::commands::Outputs,
+    out: &crate::cli::Outputs,
 ) -> Result<i32, Error> {
     let features: &[&str] = if flaw.is_some() { &["flaws"] } else { &[] };
     eprintln!("demo: building/locating idem-server and idem-fake-processor (cargo build -p …)…");
@@ -421,9 +421,9 @@ pub async fn run(
         path: path.clone(),
         source,
     })?;
-    let loaded = crate::manifest::parse(&text, &path.display().to_string())?;
-    let report = crate::runner::run_with(&loaded, &opts, Some(stack.restarter())).await?;
-    let code = crate::commands::emit(&report, out)?;
+    let loaded = crate::server::manifest::parse(&text, &path.display().to_string())?;
+    let report = crate::server::runner::run_with(&loaded, &opts, Some(stack.restarter())).await?;
+    let code = crate::cli::emit(&report, out)?;
     eprintln!(
         "demo: manifest used: {} (re-run with `run --target {}` while a server runs)",
         path.display(),

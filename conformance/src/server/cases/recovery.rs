@@ -2,14 +2,14 @@
 //! cooperation (failpoint and restart hooks); without them each case is
 //! reported unsupported, never passed.
 
-use crate::clause;
+use idem_conformance_core::clause;
 use std::time::Duration;
 
 use idem_spec::report::Verdict;
 
 use super::inflight::ATTEMPTS;
-use crate::case::{Aim, Case, HOLD, Need, Rec, alone};
-use crate::http::Response;
+use crate::server::case::{Aim, Case, HOLD, Need, Rec, alone};
+use crate::server::http::Response;
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -108,8 +108,8 @@ async fn crash_restart(rec: &mut Rec) {
         Some(Ok(n)) => n,
         Some(Err(e)) => {
             rec.probe_failed(match e {
-                crate::probe::ProbeError::Failed(s) => {
-                    crate::probe::ProbeError::Failed(format!("foreign probe: {s}"))
+                crate::server::probe::ProbeError::Failed(s) => {
+                    crate::server::probe::ProbeError::Failed(format!("foreign probe: {s}"))
                 }
                 other => other,
             });
@@ -150,7 +150,7 @@ pub(super) async fn crash_then_retry(
     header: &str,
     value: &str,
     advance_secs: Option<u64>,
-) -> Option<(Response, String, crate::http::Request)> {
+) -> Option<(Response, String, crate::server::http::Request)> {
     let restarter = rec.ctx.restarter.clone();
     let cmd = rec
         .ctx
