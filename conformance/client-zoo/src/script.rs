@@ -42,8 +42,20 @@ pub(crate) struct Seen {
     pub(crate) line: String,
     /// Its `Idempotency-Key`, if any.
     pub(crate) key: Option<String>,
+    /// Every header, its name in lower case, in arrival order.
+    pub(crate) headers: Vec<(String, String)>,
     /// Its body.
     pub(crate) body: String,
+}
+
+impl Seen {
+    /// The value of the first header called `name` (lower case), if any.
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// A running scripted server; dropping it stops it and every connection it holds.
@@ -146,7 +158,7 @@ async fn read_request(stream: &mut TcpStream) -> Option<Seen> {
     let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
     let mut lines = head.split("\r\n");
     let line = lines.next()?.rsplit_once(' ')?.0.to_owned();
-    let (mut key, mut length) = (None, 0usize);
+    let (mut key, mut length, mut headers) = (None, 0usize, Vec::new());
     for header in lines {
         if let Some((name, value)) = header.split_once(':') {
             let value = value.trim();
@@ -155,6 +167,7 @@ async fn read_request(stream: &mut TcpStream) -> Option<Seen> {
             } else if name.eq_ignore_ascii_case("content-length") {
                 length = value.parse().ok()?;
             }
+            headers.push((name.to_ascii_lowercase(), value.to_owned()));
         }
     }
     // Bounded by the body's declared length (and the limit).
@@ -170,6 +183,7 @@ async fn read_request(stream: &mut TcpStream) -> Option<Seen> {
         at,
         line,
         key,
+        headers,
         body,
     })
 }
