@@ -1,6 +1,7 @@
 //! `idem-client-zoo`: one state-changing call through one zoo client, for the conformance kit's
-//! `client --run` (which sets `IDEM_BASE_URL`). Exits 0 iff the call finally got a 2xx, 1 when
-//! it did not, 2 on a usage error.
+//! `client --run` (which sets `IDEM_BASE_URL`). Exits 0 iff the call finally got a 2xx (and the
+//! client took it for a success: `exits-1-after-success` does not), 1 when it did not, 2 on a
+//! usage error.
 
 use std::process::ExitCode;
 
@@ -14,7 +15,10 @@ use idem_client_zoo::{ZooClient, call};
 struct Args {
     /// The client: conforming (idem-client), no-jitter, fresh-key-per-attempt, retries-400,
     /// ignores-retry-after, no-attempt-cap, deadline-reset-per-attempt,
-    /// resends-keyless-after-reset, no-key.
+    /// resends-keyless-after-reset, no-key, retries-409, long-hint-no-deadline,
+    /// no-deadline-short-hang, zero-backoff-after-reset, narrow-jitter, exits-1-after-success,
+    /// key-in-body (run the kit with --key-pointer /idempotency_key), tracing-id-only,
+    /// slow-start, resets-uncounted.
     #[arg(long)]
     client: ZooClient,
     /// Seeds the jitter, to replay a run's delays. Omit it under the kit: its jitter test needs
@@ -52,7 +56,10 @@ fn main() -> anyhow::Result<ExitCode> {
     Ok(if ok {
         ExitCode::SUCCESS
     } else {
-        eprintln!("idem-client-zoo: {} did not end in a 2xx", args.client);
+        eprintln!(
+            "idem-client-zoo: {} failed the call (no 2xx, or a 2xx it could not parse)",
+            args.client
+        );
         ExitCode::FAILURE
     })
 }

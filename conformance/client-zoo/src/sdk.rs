@@ -13,7 +13,11 @@
 //!
 //! Unlike idem-client it keeps no retry budget (one call per process never drains one), and it
 //! has no "key-less POST" gate of its own: every client here means to send a key, except
-//! `no-key`, whose defect is exactly that it retries without one.
+//! `no-key` and `tracing-id-only`, whose defect is exactly that they retry without one.
+//!
+//! A flag that is not a defect by itself picks where the key travels ([`Keys::InBody`], a
+//! required body field some SDKs use): such a client conforms when its counterpart is told
+//! where to read the key.
 
 use std::time::{Duration, SystemTime};
 
@@ -23,8 +27,20 @@ use reqwest::header::{CONTENT_TYPE, RETRY_AFTER};
 use tokio::time::Instant;
 use uuid::Uuid;
 
-/// The header every key travels in.
+/// The header every key travels in, unless the SDK puts it in the body.
 const KEY_HEADER: &str = "Idempotency-Key";
+
+/// The body field of [`Keys::InBody`]: a JSON pointer `/idempotency_key` to the server.
+pub(crate) const BODY_KEY_FIELD: &str = "idempotency_key";
+
+/// The per-operation tracing id of [`Keys::TracingId`] (Azure's spelling): it stays the same
+/// across retries, and no server deduplicates on it.
+pub(crate) const TRACING_HEADER: &str = "x-ms-client-request-id";
+
+/// The longest single sleep of a client without a deadline: a longer `Retry-After` makes it
+/// give up with that answer rather than sleep past any bound (it never retries before a hint).
+/// It keeps the loop bounded in time; no kit run lives this long.
+pub(crate) const LONGEST_SLEEP: Duration = Duration::from_secs(300);
 
 /// A ceiling on requests for the client without an attempt cap, so that even its loop is
 /// bounded in count (its deadline bounds it in time).
@@ -39,6 +55,36 @@ pub(crate) enum Keys {
     PerAttempt,
     /// Never: the SDK knows nothing about keys.
     Never,
+    /// Once per operation, but in the JSON body's [`BODY_KEY_FIELD`] instead of a header: not a
+    /// defect when the server reads keys there.
+    InBody,
+    /// Never a key: a per-operation tracing id in [`TRACING_HEADER`], which the SDK resends
+    /// unchanged as if it made a retry safe.
+    TracingId,
+}
+
+/// How the backoff's ceiling `c = min(cap, base * 2^n)` becomes a delay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Jitter {
+    /// `random(0, c)`: the contract's default.
+    Full,
+    /// `c` itself: plain exponential backoff.
+    None,
+    /// `random(0.75 c, c)`: jitter, but over a quarter of the ceiling only.
+    Narrow,
+}
+
+/// What bounds the operation in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Deadline {
+    /// One deadline for the whole operation, each attempt's timeout carved from what is left,
+    /// and no sleep that would end past it (the contract).
+    Overall,
+    /// The deadline restarts with every attempt, and each attempt may use all of it.
+    PerAttempt,
+    /// No deadline at all: the per-attempt timeout and the attempt cap are the only bounds, and
+    /// any `Retry-After` (up to [`LONGEST_SLEEP`]) is slept in full.
+    None,
 }
 
 /// The SDK's rules, each of which one zoo client gets wrong.
@@ -46,45 +92,77 @@ pub(crate) enum Keys {
 pub(crate) struct Behaviour {
     /// When the key is minted.
     pub(crate) keys: Keys,
-    /// Full jitter; false: the plain exponential ceiling itself.
-    pub(crate) jitter: bool,
+    /// How the backoff is drawn under its ceiling.
+    pub(crate) jitter: Jitter,
     /// Whether a 400 is retried (as if a proxy's glitch).
     pub(crate) retry_400: bool,
+    /// Whether a 409 that is not in flight (a mismatch, a conflict) is retried, with the same
+    /// key and counted, as the Stripe SDKs retry every 409.
+    pub(crate) retry_final_409: bool,
     /// Whether `Retry-After` is read at all.
     pub(crate) honour_retry_after: bool,
     /// Whether the attempt cap (3) and the ceiling on sends (10) apply.
     pub(crate) attempt_cap: bool,
-    /// One deadline for the whole operation; false: the deadline restarts with every attempt,
-    /// and each attempt may use all of it.
-    pub(crate) overall_deadline: bool,
+    /// Whether a lost connection and a timeout spend an attempt and count toward the ceiling
+    /// on sends; false: only answers do, so lost connections are resent until the deadline.
+    pub(crate) count_transport_failures: bool,
+    /// What bounds the operation in time.
+    pub(crate) deadline: Deadline,
     /// Whether the key is still on the request resent after a lost connection.
     pub(crate) key_survives_reset: bool,
+    /// Whether a resend after a lost connection waits its backoff; false: it goes at once,
+    /// with no sleep at all.
+    pub(crate) backoff_after_reset: bool,
+    /// Whether the SDK parses a 2xx body into its result type, which needs a string `id`: a
+    /// success without one fails the call (after the server's effect).
+    pub(crate) success_needs_id: bool,
 }
 
 impl Behaviour {
     /// The contract's behaviour: no defect.
     pub(crate) const CONTRACT: Behaviour = Behaviour {
         keys: Keys::PerOperation,
-        jitter: true,
+        jitter: Jitter::Full,
         retry_400: false,
+        retry_final_409: false,
         honour_retry_after: true,
         attempt_cap: true,
-        overall_deadline: true,
+        count_transport_failures: true,
+        deadline: Deadline::Overall,
         key_survives_reset: true,
+        backoff_after_reset: true,
+        success_needs_id: false,
     };
 
-    /// The backoff before retry number `n` (counted from 0): full jitter under the exponential
-    /// ceiling, or the ceiling itself without jitter.
+    /// The backoff before retry number `n` (counted from 0) under the exponential ceiling
+    /// `min(cap, base * 2^n)`, drawn as [`Behaviour::jitter`] says.
     pub(crate) fn backoff(&self, timing: &Timing, n: u32, rng: &mut StdRng) -> Duration {
         let ceiling = timing
             .base
             .saturating_mul(2u32.saturating_pow(n))
             .min(timing.cap);
-        if self.jitter {
-            let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
-            Duration::from_nanos(rng.random_range(0..=nanos))
+        let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+        match self.jitter {
+            Jitter::Full => Duration::from_nanos(rng.random_range(0..=nanos)),
+            Jitter::None => ceiling,
+            Jitter::Narrow => Duration::from_nanos(rng.random_range(nanos - nanos / 4..=nanos)),
+        }
+    }
+
+    /// The backoff after the `n`-th retried outcome (counted from 0): [`Behaviour::backoff`],
+    /// except none at all after a lost connection for the client that resends at once (which
+    /// then draws nothing from `rng`).
+    pub(crate) fn backoff_after(
+        &self,
+        outcome: &Outcome,
+        timing: &Timing,
+        n: u32,
+        rng: &mut StdRng,
+    ) -> Duration {
+        if matches!(outcome, Outcome::Lost) && !self.backoff_after_reset {
+            Duration::ZERO
         } else {
-            ceiling
+            self.backoff(timing, n, rng)
         }
     }
 
@@ -93,8 +171,10 @@ impl Behaviour {
     fn retry(&self, outcome: &Outcome, key_sent: bool, in_use_codes: &[String]) -> Option<bool> {
         match outcome {
             Outcome::Refused => Some(false),
-            Outcome::Lost | Outcome::TimedOut => Some(true),
-            Outcome::Other => None,
+            // The defect of `resets-uncounted` when false: the server may have run them.
+            Outcome::Lost | Outcome::TimedOut => Some(self.count_transport_failures),
+            // Never reached: a 2xx ends the call before it is sorted.
+            Outcome::Success(_) | Outcome::Other => None,
             Outcome::Answer {
                 status,
                 code,
@@ -103,12 +183,18 @@ impl Behaviour {
             } => match *status {
                 // The defect: status table only, a 400 body is never looked at.
                 400 if self.retry_400 => Some(true),
-                409 => retryable
-                    .unwrap_or_else(|| {
+                409 => {
+                    let in_flight = retryable.unwrap_or_else(|| {
                         code.as_ref()
                             .is_some_and(|c| in_use_codes.iter().any(|k| k == c))
-                    })
-                    .then_some(false),
+                    });
+                    // The defect of `retries-409`: any other 409 too, counted, same key.
+                    if in_flight {
+                        Some(false)
+                    } else {
+                        self.retry_final_409.then_some(true)
+                    }
+                }
                 _ if *retryable == Some(false) => None,
                 408 | 429 | 502 | 503 | 504 => Some(true),
                 500 if key_sent => Some(true),
@@ -125,7 +211,7 @@ pub(crate) struct Timing {
     pub(crate) base: Duration,
     /// The backoff's cap.
     pub(crate) cap: Duration,
-    /// The overall deadline.
+    /// The overall deadline (unused by [`Deadline::None`]).
     pub(crate) deadline: Duration,
     /// The longest wait for one attempt's response head.
     pub(crate) attempt_timeout: Duration,
@@ -150,8 +236,10 @@ impl Timing {
 
 /// What one attempt produced.
 #[derive(Debug)]
-enum Outcome {
-    /// A response head (and, for a failure, its problem body).
+pub(crate) enum Outcome {
+    /// A 2xx head; its body not read yet.
+    Success(reqwest::Response),
+    /// A failure's head and its problem body.
     Answer {
         status: u16,
         retry_after: Option<Duration>,
@@ -168,7 +256,8 @@ enum Outcome {
     Other,
 }
 
-/// Posts [`crate::BODY`] to `url` with `behaviour`; true iff the final answer is a 2xx.
+/// Posts [`crate::BODY`] to `url` with `behaviour`; true iff the final answer is a 2xx (and,
+/// for an SDK that parses its success, the body parsed).
 pub(crate) async fn call(behaviour: Behaviour, timing: Timing, url: &str, seed: u64) -> bool {
     let http = crate::http_client();
     let mut rng = StdRng::seed_from_u64(seed);
@@ -179,45 +268,39 @@ pub(crate) async fn call(behaviour: Behaviour, timing: Timing, url: &str, seed: 
     let mut key_lost = false;
     let mut counted = 0u32;
     // Bounded: every pass sends one request, and the cap, the ceiling on sends or
-    // `RUNAWAY_SENDS` (and the deadline) end the loop.
+    // `RUNAWAY_SENDS` (and the deadline, or the attempt cap) end the loop.
     for sends in 1..=RUNAWAY_SENDS {
-        let timeout = if behaviour.overall_deadline {
-            let remaining = timing.deadline.saturating_sub(start.elapsed());
-            if remaining.is_zero() {
-                tracing::info!(sends, "deadline passed");
-                return false;
+        let timeout = match behaviour.deadline {
+            Deadline::Overall => {
+                let remaining = timing.deadline.saturating_sub(start.elapsed());
+                if remaining.is_zero() {
+                    tracing::info!(sends, "deadline passed");
+                    return false;
+                }
+                timing.attempt_timeout.min(remaining)
             }
-            timing.attempt_timeout.min(remaining)
-        } else {
             // The defect of `deadline-reset-per-attempt`: the deadline restarts with each
             // attempt, and the attempt may use all of it.
-            timing.deadline
+            Deadline::PerAttempt => timing.deadline,
+            Deadline::None => timing.attempt_timeout,
         };
-        let key = match behaviour.keys {
-            Keys::PerOperation if !key_lost => Some(operation_key.clone()),
-            Keys::PerOperation | Keys::Never => None,
-            Keys::PerAttempt => Some(Uuid::new_v4().to_string()),
-        };
-        let mut request = http
-            .post(url)
-            .header(CONTENT_TYPE, "application/json")
-            .body(crate::BODY);
-        if let Some(key) = &key {
-            request = request.header(KEY_HEADER, key);
-        }
+        let (request, key_sent) = build(&http, url, behaviour, &operation_key, key_lost);
         let outcome = attempt(request, timeout).await;
-        tracing::debug!(sends, ?key, ?outcome, "attempt");
-        if let Outcome::Answer { status, .. } = &outcome
-            && (200..300).contains(status)
-        {
-            return true;
+        tracing::debug!(sends, key_sent, ?outcome, "attempt");
+        if let Outcome::Success(resp) = outcome {
+            return !behaviour.success_needs_id || parses(resp, timing.attempt_timeout).await;
         }
-        let Some(counts) = behaviour.retry(&outcome, key.is_some(), &in_use_codes) else {
+        let Some(counts) = behaviour.retry(&outcome, key_sent, &in_use_codes) else {
             tracing::info!(sends, ?outcome, "final answer");
             return false;
         };
         counted += u32::from(counts);
-        if behaviour.attempt_cap && (counted >= timing.max_attempts || sends >= timing.max_sends) {
+        // The ceiling on sends spares what the attempt cap spares only for `resets-uncounted`.
+        let transport = matches!(outcome, Outcome::Lost | Outcome::TimedOut);
+        let ceiling = behaviour.count_transport_failures || !transport;
+        if behaviour.attempt_cap
+            && (counted >= timing.max_attempts || (ceiling && sends >= timing.max_sends))
+        {
             tracing::info!(sends, counted, "attempts exhausted");
             return false;
         }
@@ -226,16 +309,17 @@ pub(crate) async fn call(behaviour: Behaviour, timing: Timing, url: &str, seed: 
             // request from the caller's template, and the key lived only on the request sent.
             key_lost = true;
         }
-        let backoff = behaviour.backoff(&timing, sends - 1, &mut rng);
+        let backoff = behaviour.backoff_after(&outcome, &timing, sends - 1, &mut rng);
         let hint = match &outcome {
             Outcome::Answer { retry_after, .. } if behaviour.honour_retry_after => *retry_after,
             _ => None,
         };
-        // Without an overall deadline, the next attempt's deadline starts after the sleep.
-        let remaining = if behaviour.overall_deadline {
-            timing.deadline.saturating_sub(start.elapsed())
-        } else {
-            timing.deadline
+        // Without an overall deadline, the next attempt's deadline starts after the sleep; with
+        // none at all, only `LONGEST_SLEEP` bounds a sleep.
+        let remaining = match behaviour.deadline {
+            Deadline::Overall => timing.deadline.saturating_sub(start.elapsed()),
+            Deadline::PerAttempt => timing.deadline,
+            Deadline::None => LONGEST_SLEEP,
         };
         if hint.is_some_and(|h| h >= remaining) {
             tracing::info!(?hint, "Retry-After lands past the deadline");
@@ -246,9 +330,66 @@ pub(crate) async fn call(behaviour: Behaviour, timing: Timing, url: &str, seed: 
             tracing::info!(?delay, "the next sleep would end past the deadline");
             return false;
         }
-        tokio::time::sleep(delay).await;
+        // `zero-backoff-after-reset` sleeps not at all, not even a yield.
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
     }
     false
+}
+
+/// One attempt's request: the body and the headers that carry (or fail to carry) the key.
+/// Returns whether a key went with it.
+fn build(
+    http: &reqwest::Client,
+    url: &str,
+    behaviour: Behaviour,
+    operation_key: &str,
+    key_lost: bool,
+) -> (reqwest::RequestBuilder, bool) {
+    let request = http.post(url).header(CONTENT_TYPE, "application/json");
+    match behaviour.keys {
+        Keys::PerOperation if !key_lost => (
+            request.header(KEY_HEADER, operation_key).body(crate::BODY),
+            true,
+        ),
+        Keys::PerAttempt => (
+            request
+                .header(KEY_HEADER, Uuid::new_v4().to_string())
+                .body(crate::BODY),
+            true,
+        ),
+        Keys::InBody => (request.body(body_with_key(operation_key)), true),
+        // The defect of `tracing-id-only`: an id that stays the same, but is no key.
+        Keys::TracingId => (
+            request
+                .header(TRACING_HEADER, operation_key)
+                .body(crate::BODY),
+            false,
+        ),
+        Keys::PerOperation | Keys::Never => (request.body(crate::BODY), false),
+    }
+}
+
+/// [`crate::BODY`] with `key` in its [`BODY_KEY_FIELD`].
+pub(crate) fn body_with_key(key: &str) -> String {
+    serde_json::json!({ "amount": 1000, BODY_KEY_FIELD: key }).to_string()
+}
+
+/// Whether a success body parses into the SDK's result, which needs a string `id` (read within
+/// `timeout`). The effect has happened either way; a false here is the call's answer.
+async fn parses(resp: reqwest::Response, timeout: Duration) -> bool {
+    let body = tokio::time::timeout(timeout, resp.bytes()).await;
+    let id = match &body {
+        Ok(Ok(bytes)) => serde_json::from_slice::<serde_json::Value>(bytes)
+            .ok()
+            .and_then(|v| v["id"].as_str().map(str::to_owned)),
+        _ => None,
+    };
+    if id.is_none() {
+        tracing::warn!("the 2xx body has no string \"id\"; the SDK cannot parse its result");
+    }
+    id.is_some()
 }
 
 /// Sends one request and waits at most `timeout` for its head (and a failure's small body).
@@ -259,14 +400,16 @@ async fn attempt(request: reqwest::RequestBuilder, timeout: Duration) -> Outcome
             Err(e) => return transport(&e),
         };
         let status = resp.status().as_u16();
+        if resp.status().is_success() {
+            return Outcome::Success(resp);
+        }
         let retry_after = resp
             .headers()
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| idem_client::policy::parse_retry_after(v, SystemTime::now()));
         let (mut code, mut retryable) = (None, None);
-        if !(200..300).contains(&status)
-            && let Ok(body) = resp.bytes().await
+        if let Ok(body) = resp.bytes().await
             && let Ok(problem) = serde_json::from_slice::<serde_json::Value>(&body)
         {
             code = problem["code"].as_str().map(str::to_owned);

@@ -75,3 +75,24 @@ fn exits_0_on_a_2xx_and_1_on_a_final_4xx() {
         assert_eq!(out.status.code(), Some(1), "{client}: {out:?}");
     }
 }
+
+/// The kit's default success body is `{}`: every client exits 0 on it but
+/// exits-1-after-success, whose SDK needs an `id` there: it got its 201 (the server's effect
+/// happened) and exits 1.
+#[test]
+fn exits_1_after_success_exits_1_on_a_201_it_cannot_parse() {
+    for client in ["conforming", "key-in-body", "exits-1-after-success"] {
+        let out = run(&["--client", client], Some(&serve(201, 2)));
+        let want = if client == "exits-1-after-success" {
+            1
+        } else {
+            0
+        };
+        assert_eq!(out.status.code(), Some(want), "{client}: {out:?}");
+    }
+    let out = run(&["--client", "exits-1-after-success"], Some(&serve(201, 1)));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("could not parse"),
+        "{out:?}"
+    );
+}
