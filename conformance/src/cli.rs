@@ -3,11 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
-use idem_spec::report::Report;
 
+use crate::Error;
+pub use crate::output::{Outputs, emit};
 use crate::server::manifest::{self, Loaded};
 use crate::server::runner::{self, Options};
-use crate::Error;
 use idem_conformance_core::{EXIT_CONFORMS, EXIT_HARNESS, EXIT_UNSAFE};
 
 /// Checks an HTTP API against the idempotency contract, black-box.
@@ -17,47 +17,6 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// Where a run's artefacts go: one directory holding the reports
-/// (`report.html`, `report.json`, `junit.xml`), any counterexample and, for
-/// the demo, the manifest it wrote. `--html`, `--json` and `--junit` write
-/// an extra copy where you say.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Outputs {
-    /// The directory for every file the run writes (created if missing).
-    #[arg(long, alias = "artifacts-dir", default_value = "idem-report")]
-    pub out_dir: PathBuf,
-    /// Also write the self-contained HTML report here.
-    #[arg(long)]
-    pub html: Option<PathBuf>,
-    /// Also write the JSON report here (schema: spec/generated/schemas/Report.schema.json).
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Also write the JUnit XML report here.
-    #[arg(long)]
-    pub junit: Option<PathBuf>,
-}
-
-impl Outputs {
-    /// Everything under `dir`, no extra copies.
-    pub fn in_dir(dir: impl Into<PathBuf>) -> Self {
-        Self {
-            out_dir: dir.into(),
-            html: None,
-            json: None,
-            junit: None,
-        }
-    }
-
-    /// Creates the output directory.
-    pub fn prepare(&self) -> Result<&Path, Error> {
-        std::fs::create_dir_all(&self.out_dir).map_err(|source| Error::Io {
-            path: self.out_dir.clone(),
-            source,
-        })?;
-        Ok(&self.out_dir)
-    }
 }
 
 /// The subcommands.
@@ -348,37 +307,6 @@ async fn run(
     }
 }
 
-/// Prints the console report and writes every report into the output
-/// directory (and any extra copy asked for); returns the report's exit code.
-pub fn emit(report: &Report, out: &Outputs) -> Result<i32, Error> {
-    print!("{}", idem_conformance_core::report::console::render(report));
-    let dir = out.prepare()?;
-    let write = |p: &Path, s: &str| {
-        std::fs::write(p, s).map_err(|source| Error::Io {
-            path: p.to_owned(),
-            source,
-        })
-    };
-    let html = idem_conformance_core::report::html::render(report);
-    let json = idem_conformance_core::report::json(report)?;
-    let junit = idem_conformance_core::report::junit::render(report)?;
-    for (name, text, extra) in [
-        ("report.html", &html, &out.html),
-        ("report.json", &json, &out.json),
-        ("junit.xml", &junit, &out.junit),
-    ] {
-        write(&dir.join(name), text)?;
-        if let Some(p) = extra {
-            write(p, text)?;
-        }
-    }
-    println!(
-        "reports: {} (report.html, report.json, junit.xml)",
-        dir.display()
-    );
-    Ok(report.summary.exit_code)
-}
-
 /// The plan as text: one block per case.
 pub fn list(target: &Path) -> Result<String, Error> {
     let loaded = manifest::load(target)?;
@@ -500,7 +428,8 @@ pub async fn replay_loaded(
     loaded: &Loaded,
 ) -> Result<i32, Error> {
     let client = runner::client(loaded)?;
-    let ctx = crate::server::case::Ctx::new(loaded.manifest.clone(), client, runner::run_id(), cx.seed);
+    let ctx =
+        crate::server::case::Ctx::new(loaded.manifest.clone(), client, runner::run_id(), cx.seed);
     println!(
         "replaying {} operation(s) (found with seed {}) against {}, up to {REPLAY_ATTEMPTS} times",
         cx.ops.len(),
@@ -522,7 +451,10 @@ pub async fn replay_loaded(
                 }
                 return Ok(EXIT_UNSAFE);
             }
-            Err(crate::server::model::Stop::Undecided(why) | crate::server::model::Stop::Harness(why)) => {
+            Err(
+                crate::server::model::Stop::Undecided(why)
+                | crate::server::model::Stop::Harness(why),
+            ) => {
                 println!("UNDECIDED (attempt {attempt}): {why}");
                 return Ok(EXIT_HARNESS);
             }

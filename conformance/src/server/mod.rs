@@ -4,6 +4,7 @@
 pub mod case;
 pub mod cases;
 pub mod demo;
+pub mod dialect;
 pub mod http;
 pub mod manifest;
 pub mod model;

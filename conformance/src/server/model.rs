@@ -19,6 +19,7 @@
 
 use idem_conformance_core::clause;
 use idem_conformance_core::clause::ClauseId;
+use idem_conformance_core::verdict::Consequence;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,8 +34,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::server::case::{Aim, Case, Ctx, Rec};
 use crate::server::cases::concurrency;
+use crate::server::dialect::Dialect;
 use crate::server::http::{Failure, Response, Sent};
-use crate::server::manifest::{ManifestExt, expand};
+use crate::server::manifest::expand;
 use crate::server::probe::ProbeError;
 
 /// Keys per sequence (small, so collisions between operations are common).
@@ -293,13 +295,13 @@ pub enum Judged {
 
 fn finding(
     clause: ClauseId,
-    class: Class,
+    seen: Consequence,
     permitted: impl Into<String>,
     observed: impl Into<String>,
 ) -> Judged {
     Judged::Violation(Finding {
         clause,
-        class,
+        class: seen.class(),
         permitted: permitted.into(),
         observed: observed.into(),
     })
@@ -312,7 +314,7 @@ fn finding(
 /// classified by the concurrency gate's own rules
 /// ([`concurrency::classify`]). Pure.
 pub fn judge(
-    ctx: &Ctx,
+    dialect: &Dialect<'_>,
     expected: &Expect,
     sent: &[Sent],
     leak: Option<&str>,
@@ -328,7 +330,7 @@ pub fn judge(
     if let Some(proof) = leak {
         return finding(
             clause!("idem.scope.caller"),
-            Class::Safety,
+            Consequence::CrossCaller,
             "never the other caller's stored response",
             format!("{shown} ({proof})"),
         );
@@ -339,8 +341,8 @@ pub fn judge(
             after_expiry,
             copies,
         } => {
-            let o = concurrency::classify(ctx, sent);
-            let Some(first) = answers.iter().find(|r| ctx.executed(r, None)) else {
+            let o = concurrency::classify(dialect, sent);
+            let Some(first) = answers.iter().find(|r| dialect.executed(r, None)) else {
                 if o.throttled > 0 {
                     // Shed load says nothing about the key.
                     return Judged::Undecided(format!("the target shed load ({shown})"));
@@ -361,7 +363,7 @@ pub fn judge(
                         "an absent key executes: a 2xx that is not a replay",
                     )
                 };
-                return finding(clause, Class::Semantics, permitted, shown);
+                return finding(clause, Consequence::Behaviour, permitted, shown);
             };
             let mut exercised = vec![clause!("idem.state.three-states")];
             if other_caller.is_some() {
@@ -381,7 +383,7 @@ pub fn judge(
                         Some(got) if got > 1 => {
                             return finding(
                                 clause!("idem.concurrency.single-effect"),
-                                Class::Safety,
+                                Consequence::SecondEffect,
                                 format!("{copies} concurrent copies with one key: one effect"),
                                 format!("{got} effects; answers {shown}"),
                             );
@@ -392,7 +394,7 @@ pub fn judge(
                 if !o.other.is_empty() {
                     return finding(
                         clause!("idem.concurrency.single-effect"),
-                        Class::Semantics,
+                        Consequence::Behaviour,
                         "every other copy refused or answered with an identical replay",
                         concurrency::tally(&o.other),
                     );
@@ -412,7 +414,7 @@ pub fn judge(
                 if stored.as_ref().is_some_and(|f| f.same_outcome(r)) {
                     continue;
                 }
-                if ctx.executed(r, stored.as_ref()) {
+                if dialect.executed(r, stored.as_ref()) {
                     // Executed again: more effects than the model allows is
                     // the worst case, and only the count can show it.
                     match count {
@@ -420,7 +422,7 @@ pub fn judge(
                         Some(got) if got > want => {
                             return finding(
                                 clause!("idem.replay.no-reexecution"),
-                                Class::Safety,
+                                Consequence::SecondEffect,
                                 format!("a resend of a completed request: {want} effect(s)"),
                                 format!("{got} effects; {}", r.summary()),
                             );
@@ -431,13 +433,13 @@ pub fn judge(
                 return match age {
                     Some(age) => finding(
                         clause!("idem.window.replay"),
-                        Class::Semantics,
+                        Consequence::Behaviour,
                         format!("a replay: the key is {age} s old, inside the {window} s window"),
                         r.summary(),
                     ),
                     None => finding(
                         clause!("idem.replay.verbatim"),
-                        Class::Semantics,
+                        Consequence::Behaviour,
                         "a verbatim replay of the stored response",
                         r.summary(),
                     ),
@@ -455,12 +457,12 @@ pub fn judge(
         Expect::Mismatch { stored } => {
             for r in &answers {
                 if stored.as_ref().is_some_and(|f| f.same_outcome(r))
-                    || ctx.manifest.marked(r) == Some(true)
+                    || dialect.marked(r) == Some(true)
                     || r.replayed()
                 {
                     return finding(
                         clause!("idem.fingerprint.mismatch"),
-                        Class::Safety,
+                        Consequence::AnotherRequestsAnswer,
                         "a changed body under a used key is never answered with the stored response",
                         r.summary(),
                     );
@@ -468,10 +470,10 @@ pub fn judge(
                 if !(400..500).contains(&r.status) {
                     return finding(
                         clause!("idem.fingerprint.mismatch"),
-                        Class::Semantics,
+                        Consequence::Behaviour,
                         format!(
                             "a changed body under a used key is refused ({} as declared)",
-                            ctx.spelled(idem_spec::ErrorCode::IdempotencyKeyMismatch)
+                            dialect.spelled(idem_spec::ErrorCode::IdempotencyKeyMismatch)
                         ),
                         r.summary(),
                     );
@@ -494,14 +496,20 @@ pub fn judge_count(marker: &str, want: u64, got: u64, burst: bool) -> Option<Fin
     if got == want {
         return None;
     }
-    let (clause, class) = match (got > want, burst) {
-        (true, true) => (clause!("idem.concurrency.single-effect"), Class::Safety),
-        (true, false) => (clause!("idem.replay.no-reexecution"), Class::Safety),
-        (false, _) => (clause!("idem.state.three-states"), Class::Semantics),
+    let (clause, seen) = match (got > want, burst) {
+        (true, true) => (
+            clause!("idem.concurrency.single-effect"),
+            Consequence::SecondEffect,
+        ),
+        (true, false) => (
+            clause!("idem.replay.no-reexecution"),
+            Consequence::SecondEffect,
+        ),
+        (false, _) => (clause!("idem.state.three-states"), Consequence::Behaviour),
     };
     Some(Finding {
         clause,
-        class,
+        class: seen.class(),
         permitted: format!("{want} effect(s) for {marker:?}"),
         observed: format!("{got} effect(s)"),
     })
@@ -685,14 +693,28 @@ async fn execute_recording(
                 }
             }
         }
-        let mut verdict = judge(ctx, &expected, &sent, leak.as_deref(), None, want);
+        let mut verdict = judge(
+            &ctx.dialect(),
+            &expected,
+            &sent,
+            leak.as_deref(),
+            None,
+            want,
+        );
         if verdict == Judged::NeedsCount {
             let refs: Vec<&Response> = answers.iter().collect();
             let got = ctx
                 .effects(caller as usize, &marker, &refs)
                 .await
                 .map_err(probe_stop)?;
-            verdict = judge(ctx, &expected, &sent, leak.as_deref(), Some(got), want);
+            verdict = judge(
+                &ctx.dialect(),
+                &expected,
+                &sent,
+                leak.as_deref(),
+                Some(got),
+                want,
+            );
         }
         // Apply.
         match verdict {
@@ -929,7 +951,7 @@ async fn property(rec: &mut Rec) {
                 .copied()
                 .find(|c| *c == final_v.clause)
                 .unwrap_or(clause!("idem.state.three-states"));
-            rec.check_as(
+            rec.check_decided(
                 clause,
                 final_v.class,
                 false,
@@ -985,13 +1007,10 @@ mod tests {
         assert_eq!(back.ops, cx.ops);
     }
 
-    fn ctx() -> Ctx {
-        let m = crate::server::manifest::parse(crate::server::manifest::TEMPLATE, "t")
+    fn manifest() -> idem_spec::manifest::Manifest {
+        crate::server::manifest::parse(crate::server::manifest::TEMPLATE, "t")
             .expect("template")
-            .manifest;
-        let client = crate::server::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
-            .expect("client");
-        Ctx::new(m, client, "run".into(), 1)
+            .manifest
     }
 
     fn r(status: u16, body: &str, replayed: bool) -> Sent {
@@ -1070,7 +1089,8 @@ mod tests {
     /// clause and class (None: agreed).
     #[test]
     fn the_judge_table() {
-        let c = ctx();
+        let m = manifest();
+        let c = Dialect(&m);
         let exec = |copies| Expect::Execute {
             other_caller: None,
             after_expiry: false,

@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_spec::report::{CaseReport, Report, Rerun, Verdict};
 use idem_conformance_core::summary::{empty_summary, finish};
+use idem_spec::report::{CaseReport, Report, Rerun, Verdict};
 
 use crate::Error;
 use crate::server::case::{Case, Ctx, Rec};

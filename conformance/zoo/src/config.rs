@@ -193,19 +193,23 @@ impl Defect {
 
     /// The class of the failure the defect causes: what the kit must call
     /// it. A defect the kit can only see as a spelling (the quoted and bare
-    /// spellings of one key) is `interop`; one a caller notices without
-    /// harm (a replay that is not the stored response) `semantics`.
+    /// spellings of one key) is `interop`; one that leaves nothing false
+    /// believed about effects (a replay that is not the stored response, a
+    /// stored 5xx, a final 4xx executed again) `semantics`.
     pub fn class(self) -> idem_spec::clauses::Class {
         use idem_spec::clauses::Class;
         match self {
             Self::RaceDoubleExecution
             | Self::GlobalKeySpace
             | Self::SilentMismatchReplay
-            | Self::ServerErrorStored
-            | Self::ClientErrorReexecuted
             | Self::LeakAfterExecution
             | Self::LeakReorderedJson => Class::Safety,
-            Self::BrokenReplayAfterCompletion
+            // The severity rule: a stored 5xx replayed tells the retry the
+            // truth (it failed), and a final 4xx executed again fails again:
+            // neither makes a client believe something false about effects.
+            Self::ServerErrorStored
+            | Self::ClientErrorReexecuted
+            | Self::BrokenReplayAfterCompletion
             | Self::ReplayHeadersDropped
             | Self::InFlightLockGlobal
             | Self::ServerErrorLocksKey => Class::Semantics,

@@ -10,7 +10,7 @@
 //! released) and says what it could not.
 
 use idem_conformance_core::clause;
-use idem_spec::clauses::Class;
+use idem_conformance_core::verdict::Consequence;
 use idem_spec::policy::FailurePolicy;
 use idem_spec::report::Verdict;
 
@@ -112,7 +112,8 @@ async fn final_4xx(rec: &mut Rec) {
     let a = rec.alias(&key);
     let name = rec.ctx.name(0).to_owned();
     let marker = rec.ctx.marker();
-    let body = crate::server::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
+    let body =
+        crate::server::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
     let req = rec.ctx.op(0, Some(&key), &marker, &body);
     let Some(r1) = rec
         .send(
@@ -138,10 +139,13 @@ async fn final_4xx(rec: &mut Rec) {
         return;
     };
     // A final 4xx that now succeeds was executed again: the caller was told
-    // "no", then the operation happened.
-    rec.check(
+    // "no", then the operation happened, once, and the retry's answer says
+    // so. By the severity rule that is semantics: nothing took effect twice
+    // and nobody was told something false about effects.
+    rec.check_as(
         clause!("idem.failure.final-outcomes"),
-        !rec.ctx.executed(&r2, Some(&r1)),
+        Consequence::Behaviour,
+        !rec.ctx.dialect().executed(&r2, Some(&r1)),
         format!("the {} is final: never executed again", r1.status),
         r2.summary(),
     );
@@ -151,20 +155,22 @@ async fn final_4xx(rec: &mut Rec) {
         r1.summary(),
         r2.summary(),
         rec.ctx
+            .dialect()
             .resource_id(&r2)
             .map_or(String::new(), |id| format!(" (created {id})"))
     ));
     rec.check_as(
         clause!("idem.failure.final-outcomes"),
-        Class::Semantics,
+        Consequence::Behaviour,
         r2.same_outcome(&r1),
         format!("the {} is final: replayed", r1.status),
         r2.summary(),
     );
     check_replay(rec, &r1, &r2, "R2");
     if rec
-        .check_executions(
+        .check_executions_as(
             clause!("idem.failure.final-outcomes"),
+            Consequence::Behaviour,
             &marker,
             1,
             &format!("a final {} retried with its key", r1.status),
@@ -309,14 +315,14 @@ async fn retry_after_5xx(rec: &mut Rec, r1: &Response, r2: &Response, marker: &s
     ));
     rec.check_as(
         clause!("idem.failure.5xx-not-stored"),
-        Class::Semantics,
-        rec.ctx.executed(r2, None),
+        Consequence::Behaviour,
+        rec.ctx.dialect().executed(r2, None),
         "a fresh execution: the 5xx released the key",
         r2.summary(),
     );
     rec.check_effects_as(
         clause!("idem.failure.5xx-not-stored"),
-        Class::Semantics,
+        Consequence::Behaviour,
         0,
         marker,
         &[r1, r2],
@@ -334,7 +340,8 @@ async fn by_body(rec: &mut Rec) {
     let a = rec.alias(&key);
     let name = rec.ctx.name(0).to_owned();
     let marker = rec.ctx.marker();
-    let body = crate::server::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
+    let body =
+        crate::server::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
     let req = rec.ctx.op(0, Some(&key), &marker, &body);
     let Some(r1) = rec
         .send(
@@ -377,18 +384,13 @@ async fn by_body(rec: &mut Rec) {
             r2.summary()
         ));
     }
-    // Fewer runs than sends is the 5xx replayed (safety) only when the
-    // retry's answer was a 5xx; a retry refused with a 4xx was not
-    // executed because the key stayed taken, which is semantics.
-    let class = if r2.status >= 500 {
-        Class::Safety
-    } else {
-        Class::Semantics
-    };
+    // Fewer runs than sends is the 5xx stored (or the key left taken): the
+    // retry's caller is told the truth about effects either way (nothing
+    // ran, or it failed again), so by the severity rule it is semantics.
     match rec
         .check_executions_as(
             clause!("idem.failure.5xx-not-stored"),
-            class,
+            Consequence::Behaviour,
             &marker,
             2,
             &format!(
@@ -560,7 +562,7 @@ async fn before_claim(rec: &mut Rec) {
     };
     rec.check(
         clause!("idem.failure.before-claim"),
-        rec.ctx.executed(&r2, None),
+        rec.ctx.dialect().executed(&r2, None),
         format!(
             "a fresh execution: the {status} was decided before the claim and the key stayed free"
         ),
@@ -586,9 +588,15 @@ mod tests {
         let m = crate::server::manifest::parse(crate::server::manifest::TEMPLATE, "t")
             .expect("template")
             .manifest;
-        let client = crate::server::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
-            .expect("client");
-        Rec::new(Arc::new(crate::server::case::Ctx::new(m, client, "run".into(), 1)))
+        let client =
+            crate::server::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
+                .expect("client");
+        Rec::new(Arc::new(crate::server::case::Ctx::new(
+            m,
+            client,
+            "run".into(),
+            1,
+        )))
     }
 
     fn resp(status: u16, retry_after: bool) -> Response {

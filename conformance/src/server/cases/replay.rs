@@ -2,7 +2,7 @@
 //! response byte for byte, with the marker, and causes nothing.
 
 use idem_conformance_core::clause;
-use idem_spec::clauses::Class;
+use idem_conformance_core::verdict::Consequence;
 
 use super::{check_marked, check_replay, fresh};
 use crate::server::case::{Aim, Case, Rec, shared};
@@ -74,7 +74,7 @@ async fn verbatim(rec: &mut Rec) {
     // (the probes below) it is a safety one.
     rec.check_as(
         clause!("idem.failure.final-outcomes"),
-        Class::Semantics,
+        Consequence::Behaviour,
         r2.same_outcome(&first),
         format!("the 2xx outcome ({}) is stored and replayed", first.status),
         r2.summary(),
