@@ -54,6 +54,10 @@ pub enum Command {
         /// Use this base URL instead of the manifest's.
         #[arg(long)]
         base_url: Option<String>,
+        /// Also fail (DEVIATES, exit 3) on non-strict findings: a missed
+        /// SHOULD or MAY.
+        #[arg(long)]
+        strict: bool,
         /// Reports.
         #[command(flatten)]
         out: Outputs,
@@ -71,11 +75,18 @@ pub enum Command {
         /// Where to write it.
         #[arg(default_value = "idem-target.toml")]
         path: PathBuf,
-        /// Seed the manifest from this OpenAPI 3.x document (JSON): every
-        /// operation declaring an Idempotency-Key header becomes an
-        /// endpoint, security schemes become caller headers to fill in.
-        #[arg(long, value_name = "FILE")]
-        from_openapi: Option<PathBuf>,
+        /// Seed the manifest from this OpenAPI 3.x document, a file or an
+        /// http(s) URL, JSON or YAML: every operation declaring an
+        /// Idempotency-Key header (or named by --keyed) becomes an endpoint,
+        /// security schemes become caller headers to fill in, the key
+        /// header's schema (format uuid, maxLength) the [key] grammar.
+        #[arg(long, value_name = "FILE_OR_URL")]
+        from_openapi: Option<String>,
+        /// Treat this operation as keyed though the document does not
+        /// declare the header (a middleware reading it): `METHOD /path` as
+        /// in the document, or an operationId. Repeatable.
+        #[arg(long, value_name = "OPERATION", requires = "from_openapi")]
+        keyed: Vec<String>,
     },
     /// Check a client or SDK: run COMMAND once per scenario against a
     /// fault-injecting API at $IDEM_BASE_URL and judge its retries against
@@ -141,6 +152,7 @@ pub async fn execute(cli: Cli) -> i32 {
                         only,
                         progress: true,
                         artifacts_dir: Some(dir.to_owned()),
+                        strict: false,
                     },
                     flaw,
                     profile,
@@ -155,6 +167,7 @@ pub async fn execute(cli: Cli) -> i32 {
             seed,
             only,
             base_url,
+            strict,
             out,
         } => match out.prepare() {
             Ok(dir) => {
@@ -166,6 +179,7 @@ pub async fn execute(cli: Cli) -> i32 {
                         only,
                         progress: true,
                         artifacts_dir: Some(dir.to_owned()),
+                        strict,
                     },
                     &out,
                 )
@@ -180,19 +194,24 @@ pub async fn execute(cli: Cli) -> i32 {
         Command::Init {
             path,
             from_openapi: Some(doc),
-        } => init_from_openapi(&path, &doc).map(|notes| {
-            println!(
-                "wrote {} from {}; {} thing(s) to fill in (marked TODO in the file), then: idem-conformance list --target {}",
-                path.display(),
-                doc.display(),
-                notes,
-                path.display()
-            );
-            EXIT_CONFORMS
-        }),
+            keyed,
+        } => match read_document(&doc).await {
+            Ok(text) => init_from_openapi_text(&path, &text, &doc, &keyed).map(|notes| {
+                println!(
+                    "wrote {} from {doc}; {} thing(s) to fill in (marked TODO in the file; every {} value must be filled in or its line deleted before a run), then: idem-conformance list --target {}",
+                    path.display(),
+                    notes,
+                    crate::server::openapi::FILL_ME,
+                    path.display()
+                );
+                EXIT_CONFORMS
+            }),
+            Err(e) => Err(e),
+        },
         Command::Init {
             path,
             from_openapi: None,
+            ..
         } => init(&path).map(|()| {
             println!(
                 "wrote {}; edit it, then: idem-conformance list --target {}",
@@ -284,6 +303,9 @@ pub fn load_with(target: &Path, base_url: Option<String>) -> Result<Loaded, Erro
         loaded.manifest.target.base_url = u;
         manifest::validate(&loaded.manifest)?;
     }
+    for w in &loaded.warnings {
+        eprintln!("idem-conformance: warning: {}: {w}", target.display());
+    }
     Ok(loaded)
 }
 
@@ -374,6 +396,51 @@ pub fn init(path: &Path) -> Result<(), Error> {
 /// Writes a manifest seeded from an OpenAPI document; refuses to
 /// overwrite. Returns how many notes (things to fill in) it wrote.
 pub fn init_from_openapi(path: &Path, doc: &Path) -> Result<usize, Error> {
+    let text = std::fs::read_to_string(doc).map_err(|source| Error::Io {
+        path: doc.to_owned(),
+        source,
+    })?;
+    init_from_openapi_text(path, &text, &doc.display().to_string(), &[])
+}
+
+/// An OpenAPI document from a file or an http(s) URL (as a service serves
+/// it, e.g. FastAPI's `/openapi.json`), bounded to 30 s and 16 MiB.
+pub async fn read_document(doc: &str) -> Result<String, Error> {
+    if !(doc.starts_with("http://") || doc.starts_with("https://")) {
+        return std::fs::read_to_string(doc).map_err(|source| Error::Io {
+            path: doc.into(),
+            source,
+        });
+    }
+    let fetch_err = |e: String| Error::Http(format!("fetching the OpenAPI document {doc}: {e}"));
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .map_err(|e| fetch_err(e.to_string()))?;
+    let resp = client
+        .get(doc)
+        .send()
+        .await
+        .map_err(|e| fetch_err(e.to_string()))?;
+    if !resp.status().is_success() {
+        return Err(fetch_err(format!("answered {}", resp.status())));
+    }
+    let bytes = resp.bytes().await.map_err(|e| fetch_err(e.to_string()))?;
+    if bytes.len() > 16 << 20 {
+        return Err(fetch_err("larger than 16 MiB".into()));
+    }
+    String::from_utf8(bytes.to_vec()).map_err(|e| fetch_err(format!("not UTF-8: {e}")))
+}
+
+/// Writes a manifest seeded from the document `text` (from `origin`), with
+/// the operations `keyed` names treated as keyed; refuses to overwrite.
+/// Returns how many notes (things to fill in) it wrote.
+pub fn init_from_openapi_text(
+    path: &Path,
+    text: &str,
+    origin: &str,
+    keyed: &[String],
+) -> Result<usize, Error> {
     if path.exists() {
         return Err(Error::Io {
             path: path.to_owned(),
@@ -383,13 +450,8 @@ pub fn init_from_openapi(path: &Path, doc: &Path) -> Result<usize, Error> {
             ),
         });
     }
-    let text = std::fs::read_to_string(doc).map_err(|source| Error::Io {
-        path: doc.to_owned(),
-        source,
-    })?;
-    let origin = doc.display().to_string();
-    let seeded = crate::server::openapi::seed(&text, &origin)?;
-    let toml = crate::server::openapi::render(&seeded, &origin)?;
+    let seeded = crate::server::openapi::seed_with(text, origin, keyed)?;
+    let toml = crate::server::openapi::render(&seeded, origin)?;
     // What it writes must load as a manifest.
     manifest::parse(&toml, &path.display().to_string())?;
     std::fs::write(path, toml).map_err(|source| Error::Io {

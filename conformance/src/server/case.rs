@@ -115,6 +115,7 @@ impl Need {
                 m.policy.in_flight,
                 idem_spec::manifest::InFlightMode::ConflictOrWait
                     | idem_spec::manifest::InFlightMode::AlwaysWait
+                    | idem_spec::manifest::InFlightMode::WaitOrConflictOnRace
             )
         },
     };
@@ -392,9 +393,10 @@ impl Ctx {
         self.counter.fetch_add(1, Ordering::SeqCst) + 1
     }
 
-    /// A fresh key carrying the run prefix.
+    /// A fresh key, unique in the run, in the target's declared grammar
+    /// ([`crate::server::keyform`]).
     pub fn key(&self) -> String {
-        format!("{}-k{}", self.run_id, self.next())
+        crate::server::keyform::mint(&self.manifest.key, &self.run_id, self.next())
     }
 
     /// A fresh marker carrying the run prefix.

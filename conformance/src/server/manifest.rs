@@ -20,6 +20,10 @@ use sha2::{Digest, Sha256};
 
 use crate::Error;
 
+/// The `profile.replay_marker_value` that declares a marker whose value is
+/// the request's key.
+pub const MARKER_IS_KEY: &str = "{{key}}";
+
 /// A manifest as loaded: the parsed value plus the hash of its bytes.
 #[derive(Debug, Clone)]
 pub struct Loaded {
@@ -27,6 +31,8 @@ pub struct Loaded {
     pub manifest: Manifest,
     /// SHA-256 (hex) of the file's bytes, recorded in every report.
     pub sha256: String,
+    /// Things the loader noticed that do not stop a run (printed first).
+    pub warnings: Vec<String>,
 }
 
 /// Reads, parses and validates a manifest file.
@@ -40,15 +46,107 @@ pub fn load(path: &Path) -> Result<Loaded, Error> {
 
 /// Parses and validates manifest text; `origin` names it in errors.
 pub fn parse(text: &str, origin: &str) -> Result<Loaded, Error> {
-    let manifest: Manifest = toml::from_str(text).map_err(|e| Error::ManifestParse {
+    parse_with_env(text, origin, &|name| std::env::var(name).ok())
+}
+
+/// [`parse`] with `${NAME}` in string values taken from `env` (a CI secret,
+/// say, so the manifest in the repository holds no credential); `$${` is a
+/// literal `${`. A name `env` does not know is an error naming it. The
+/// recorded SHA-256 is the file's, before substitution, so no secret is
+/// hashed into a report.
+pub fn parse_with_env(
+    text: &str,
+    origin: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Loaded, Error> {
+    let parse_err = |message: String| Error::ManifestParse {
         path: origin.to_owned(),
-        message: e.to_string(),
-    })?;
+        message,
+    };
+    let mut value: toml::Value = toml::from_str(text).map_err(|e| parse_err(e.to_string()))?;
+    substitute(&mut value, env).map_err(Error::ManifestInvalid)?;
+    let manifest: Manifest = value
+        .try_into()
+        .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
     validate(&manifest)?;
+    let warnings = warnings(&manifest);
     Ok(Loaded {
         manifest,
         sha256: sha256_hex(text.as_bytes()),
+        warnings,
     })
+}
+
+/// Replaces `${NAME}` in every string of `v`.
+fn substitute(v: &mut toml::Value, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    match v {
+        toml::Value::String(s) if s.contains('$') => {
+            *s = expand_env(s, env)?;
+            Ok(())
+        }
+        toml::Value::Array(items) => items.iter_mut().try_for_each(|i| substitute(i, env)),
+        toml::Value::Table(t) => t.iter_mut().try_for_each(|(_, i)| substitute(i, env)),
+        _ => Ok(()),
+    }
+}
+
+/// `${NAME}` from `env`, `$${` as a literal `${`.
+pub fn expand_env(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    // Bounded: every pass consumes at least one byte of `rest`.
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i..];
+        if let Some(tail) = after.strip_prefix("$${") {
+            out.push_str("${");
+            rest = tail;
+        } else if let Some(tail) = after.strip_prefix("${") {
+            let Some(end) = tail.find('}') else {
+                return Err(format!("{s:?}: \"${{\" without a closing \"}}\""));
+            };
+            let name = &tail[..end];
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(format!(
+                    "{s:?}: ${{{name}}} is not an environment variable name"
+                ));
+            }
+            let Some(val) = env(name) else {
+                return Err(format!(
+                    "the manifest names the environment variable {name}, which is not set (export it, e.g. from a CI secret)"
+                ));
+            };
+            out.push_str(&val);
+            rest = &tail[end + 1..];
+        } else {
+            out.push('$');
+            rest = &after[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The side-effect budget the kit's default was before it was measured:
+/// manifests written then run out of budget on targets that fail cases.
+pub const OLD_DEFAULT_BUDGET: u64 = 500;
+
+/// Things worth saying about a valid manifest before a run.
+pub fn warnings(m: &Manifest) -> Vec<String> {
+    let mut w = Vec::new();
+    let default = idem_spec::manifest::Limits::default().max_side_effects;
+    if m.limits.max_side_effects < default {
+        w.push(format!(
+            "limits.max_side_effects = {} is below the default {default}{}: a run against a target that fails cases (each failing case runs twice) can spend it before the last cases, which then end as harness errors; raise it or remove the line",
+            m.limits.max_side_effects,
+            if m.limits.max_side_effects == OLD_DEFAULT_BUDGET {
+                " (500 was the old default)"
+            } else {
+                ""
+            }
+        ));
+    }
+    w
 }
 
 /// Hashes a manifest the way reports record it.
@@ -59,6 +157,9 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// Checks the rules the schema cannot express.
 pub fn validate(m: &Manifest) -> Result<(), Error> {
     let bad = |s: String| Err(Error::ManifestInvalid(s));
+    if let Some(why) = crate::server::keyform::invalid(&m.key) {
+        return bad(why);
+    }
     if reqwest::Url::parse(&m.target.base_url).is_err() {
         return bad(format!(
             "target.base_url {:?} is not an absolute URL",
@@ -288,7 +389,8 @@ pub trait ManifestExt {
     /// (`profile.code_pointer`, default `/code`).
     fn code_of(&self, r: &crate::server::http::Response) -> Option<String>;
     /// Whether the target holds in-flight duplicates rather than refusing
-    /// them (`policy.in_flight` is `always_wait` or `none`).
+    /// them (`policy.in_flight` is `always_wait`, `wait_or_conflict_on_race`
+    /// or `none`): a duplicate sent after the claim committed is held.
     fn never_refuses_in_flight(&self) -> bool;
     /// Whether `status` is one the target answers for an unsupported route
     /// or method.
@@ -343,6 +445,11 @@ impl ManifestExt for Manifest {
             .replay_marker_value
             .as_deref()
             .unwrap_or("true");
+        // A marker whose value is the request's key: its presence marks a
+        // replay (a first execution does not send it).
+        if want.trim() == MARKER_IS_KEY {
+            return Some(r.header(h).is_some_and(|v| !v.trim().is_empty()));
+        }
         Some(
             r.header(h)
                 .is_some_and(|v| v.trim().eq_ignore_ascii_case(want.trim())),
@@ -370,7 +477,7 @@ impl ManifestExt for Manifest {
         use idem_spec::manifest::InFlightMode;
         matches!(
             self.policy.in_flight,
-            InFlightMode::AlwaysWait | InFlightMode::None
+            InFlightMode::AlwaysWait | InFlightMode::None | InFlightMode::WaitOrConflictOnRace
         )
     }
 

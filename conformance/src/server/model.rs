@@ -613,7 +613,13 @@ async fn execute_recording(
         };
         // Send.
         let marker = marker_of(ctx, tag, caller, key, variant);
-        let keyname = format!("{}-{tag}-k{key}", ctx.run_id);
+        // The same key for the same (tag, key) in every step, in the target's
+        // declared grammar.
+        let keyname = crate::server::keyform::mint(
+            &ctx.manifest.key,
+            &format!("{}-{tag}", ctx.run_id),
+            u64::from(key),
+        );
         let body = expand(
             &ctx.endpoint().body,
             ctx.caller(caller as usize),

@@ -352,13 +352,45 @@ fn auth_headers(doc: &Value, who: &str) -> (BTreeMap<String, String>, Vec<String
 
 /// Seeds a manifest from an OpenAPI 3.x document (JSON).
 pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
-    let doc: Value = serde_json::from_str(text).map_err(|e| Error::ManifestParse {
-        path: origin.to_owned(),
-        message: format!(
-            "not a JSON OpenAPI document ({e}); convert YAML to JSON first, e.g. with `yq -o json`"
-        ),
-    })?;
-    let version = doc.get("openapi").and_then(Value::as_str).unwrap_or("");
+    seed_with(text, origin, &[])
+}
+
+/// Whether an operation is one `keyed` names: `METHOD /path` (any case for
+/// the method) or its `operationId`.
+fn named(keyed: &[String], method: &str, path: &str, op: &Value) -> bool {
+    keyed.iter().any(|k| {
+        let k = k.trim();
+        op.get("operationId").and_then(Value::as_str) == Some(k)
+            || k.split_once(' ')
+                .is_some_and(|(m, p)| m.eq_ignore_ascii_case(method) && p.trim() == path)
+    })
+}
+
+/// Reads an OpenAPI document as JSON, else as YAML.
+pub fn parse_document(text: &str, origin: &str) -> Result<Value, Error> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) => Ok(v),
+        Err(json_err) => serde_saphyr::from_str::<Value>(text).map_err(|yaml_err| {
+            Error::ManifestParse {
+                path: origin.to_owned(),
+                message: format!(
+                    "neither a JSON nor a YAML OpenAPI document (as JSON: {json_err}; as YAML: {yaml_err})"
+                ),
+            }
+        }),
+    }
+}
+
+/// [`seed`], also treating the operations `keyed` names as keyed: a
+/// middleware that reads `Idempotency-Key` seldom declares the header, so
+/// the document alone cannot say which operations use it.
+pub fn seed_with(text: &str, origin: &str, keyed: &[String]) -> Result<Seeded, Error> {
+    let doc = parse_document(text, origin)?;
+    let version = match doc.get("openapi") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => String::new(),
+    };
     if !version.starts_with('3') {
         return Err(Error::ManifestInvalid(format!(
             "{origin}: an OpenAPI 3.x document is needed (\"openapi\": \"3...\"), found {version:?}"
@@ -367,6 +399,7 @@ pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
     let mut notes = Vec::new();
     let mut endpoints = Vec::new();
     let mut all_vars: Vec<String> = Vec::new();
+    let mut seeded_key = idem_spec::manifest::KeyDecl::default();
     let paths = doc
         .get("paths")
         .and_then(Value::as_object)
@@ -389,8 +422,16 @@ pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
                         .flatten(),
                 )
                 .collect();
-            if !params.iter().any(|p| is_key_param(&doc, p)) {
+            let declared = params.iter().any(|p| is_key_param(&doc, p));
+            if !declared && !named(keyed, method, path, op) {
                 continue;
+            }
+            if let Some(k) = params
+                .iter()
+                .find(|p| is_key_param(&doc, p))
+                .and_then(|p| resolve(&doc, p).get("schema"))
+            {
+                key_grammar(&doc, k, &mut seeded_key, &mut notes);
             }
             let filters: Vec<String> = item
                 .pointer("/get/parameters")
@@ -440,10 +481,18 @@ pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
                             && resolve(&doc, p).get("required").and_then(Value::as_bool)
                                 == Some(true)
                     }),
-                    rejected_body: None,
+                    // Nothing in a document says which body the API refuses
+                    // after claiming the key, or fails on: placeholders the
+                    // preflight refuses to run with until they are filled in
+                    // (or the lines deleted, leaving those cases unsupported).
+                    rejected_body: Some(Value::String(format!(
+                        "{FILL_ME}: a body this endpoint refuses with a final 4xx after claiming the key (or delete the line)"
+                    ))),
                     replayed_headers: Vec::new(),
                     probe: None,
-                    server_error_body: None,
+                    server_error_body: Some(Value::String(format!(
+                        "{FILL_ME}: a body this endpoint fails on with a 5xx after claiming the key (or delete the line)"
+                    ))),
                     amounts: Default::default(),
                     headers: BTreeMap::new(),
                 },
@@ -453,7 +502,7 @@ pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
     }
     if endpoints.is_empty() {
         return Err(Error::ManifestInvalid(format!(
-            "{origin}: no operation declares an Idempotency-Key header parameter, so there is nothing to check; declare it on your idempotent operations (the contract asks for that: idem.key.endpoints-published)"
+            "{origin}: no operation declares an Idempotency-Key header parameter, so there is nothing to check; declare it on your idempotent operations (the contract asks for that: idem.key.endpoints-published), or name them with --keyed 'POST /payments' (or an operationId), as for a middleware that reads the header without declaring it"
         )));
     }
     all_vars.sort();
@@ -533,10 +582,38 @@ pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
         policy: Default::default(),
         probe: main_probe,
         hooks: Hooks::default(),
+        key: seeded_key,
         limits: Limits::default(),
         waivers: Vec::new(),
     };
     Ok(Seeded { manifest, notes })
+}
+
+/// The key grammar the header parameter's schema states (`format: uuid`,
+/// `maxLength`); a `pattern` cannot be mapped and becomes a note.
+fn key_grammar(
+    doc: &Value,
+    schema: &Value,
+    key: &mut idem_spec::manifest::KeyDecl,
+    notes: &mut Vec<String>,
+) {
+    let schema = resolve(doc, schema);
+    if schema.get("format").and_then(Value::as_str) == Some("uuid") {
+        key.format = idem_spec::manifest::KeyFormat::Uuid;
+    }
+    if let Some(n) = schema.get("maxLength").and_then(Value::as_u64)
+        && key.format != idem_spec::manifest::KeyFormat::Uuid
+    {
+        key.max_len = u16::try_from(n.min(255)).ok();
+    }
+    if let Some(p) = schema.get("pattern").and_then(Value::as_str) {
+        let note = format!(
+            "the Idempotency-Key schema has the pattern {p:?}: declare it in [key] (format, prefix, charset, max_len)"
+        );
+        if !notes.contains(&note) {
+            notes.push(note);
+        }
+    }
 }
 
 /// The seeded manifest as commented TOML: what was found, what to fill in,

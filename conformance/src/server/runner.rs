@@ -31,6 +31,8 @@ pub struct Options {
     pub progress: bool,
     /// Where counterexamples are written (default: the current directory).
     pub artifacts_dir: Option<std::path::PathBuf>,
+    /// Fail on non-strict findings (a missed SHOULD or MAY) too.
+    pub strict: bool,
 }
 
 /// The cases a run with `opts` executes, in order.
@@ -156,7 +158,10 @@ pub async fn run_with(
         cases,
         clauses: Vec::new(),
         waivers: Vec::new(),
-        summary: empty_summary(),
+        summary: idem_spec::report::Summary {
+            strict: opts.strict,
+            ..empty_summary()
+        },
     };
     finish(&mut report, &loaded.manifest.waivers);
     Ok(report)
@@ -238,6 +243,12 @@ pub async fn preflight(ctx: &Ctx) -> Result<Vec<String>, String> {
     let m = &ctx.manifest;
     let base = &m.target.base_url;
     let mut done = Vec::new();
+    if let Some(field) = unfilled(m) {
+        return Err(format!(
+            "the manifest still holds a placeholder at {field} ({}... left by `init`): fill it in before a run",
+            crate::server::openapi::FILL_ME
+        ));
+    }
     let get = crate::server::http::Request {
         method: "GET".into(),
         url: base.clone(),
@@ -286,9 +297,23 @@ pub async fn preflight(ctx: &Ctx) -> Result<Vec<String>, String> {
                 r.status
             ));
         }
-        if !(200..300).contains(&r.status) {
+        if (400..500).contains(&r.status)
+            && let Some(hint) = key_format_hint(&view, caller, &r).await
+        {
             return Err(format!(
-                "a fresh request {what} with a new key was answered {} {}; correct endpoint {:?}'s body template, path or the caller's vars so that it succeeds",
+                "a fresh request {what} with the kit's key {key:?} was answered {} {}: {hint}",
+                r.status,
+                crate::server::cases::preview(&r.body),
+            ));
+        }
+        if !(200..300).contains(&r.status) {
+            let broken = if r.status >= 500 {
+                " (a 5xx to a fresh request: the target may be broken, e.g. left so by an earlier run; restart it)"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "a fresh request {what} with a new key was answered {} {}{broken}; correct endpoint {:?}'s body template, path or the caller's vars so that it succeeds",
                 r.status,
                 crate::server::cases::preview(&r.body),
                 ep.name
@@ -371,5 +396,76 @@ pub async fn run_case(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
         waived: None,
         duration_ms: started.elapsed().as_millis() as u64,
         rerun: None,
+    }
+}
+
+/// The first manifest string still holding the `FILL_ME` placeholder, as a
+/// TOML path (`callers[0].headers.Authorization`).
+fn unfilled(m: &idem_spec::manifest::Manifest) -> Option<String> {
+    fn walk(v: &serde_json::Value, path: &str) -> Option<String> {
+        match v {
+            serde_json::Value::String(s) if s.contains(crate::server::openapi::FILL_ME) => {
+                Some(path.to_owned())
+            }
+            serde_json::Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| walk(v, &format!("{path}[{i}]"))),
+            serde_json::Value::Object(o) => o.iter().find_map(|(k, v)| {
+                walk(
+                    v,
+                    &if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    },
+                )
+            }),
+            _ => None,
+        }
+    }
+    walk(&serde_json::to_value(m).ok()?, "")
+}
+
+/// Whether a 4xx to the kit's fresh request is the key's format: when the
+/// manifest declares no grammar and the same request with a UUID key
+/// succeeds, the API wants its own key format, not another body. Costs one
+/// more state-changing request, only on a failing preflight.
+async fn key_format_hint(
+    view: &Ctx,
+    caller: usize,
+    refused: &crate::server::http::Response,
+) -> Option<String> {
+    use idem_spec::manifest::{KeyDecl, KeyFormat};
+    let declared = &view.manifest.key;
+    let body_text = String::from_utf8_lossy(&refused.body).to_ascii_lowercase();
+    let mentions_key = ["key", "uuid", "idempotency"]
+        .iter()
+        .any(|w| body_text.contains(w));
+    if *declared != KeyDecl::default() {
+        return mentions_key.then(|| {
+            format!(
+                "the answer names the key, and the manifest declares keys as {}; correct [key] to the grammar the API accepts",
+                crate::server::keyform::describe(declared)
+            )
+        });
+    }
+    let uuid_decl = KeyDecl {
+        format: KeyFormat::Uuid,
+        ..KeyDecl::default()
+    };
+    let uuid_key = crate::server::keyform::mint(&uuid_decl, &view.run_id, view.unique());
+    let marker = view.marker();
+    let body = view.body(caller, &marker);
+    let req = view.op(caller, Some(&uuid_key), &marker, &body);
+    match view.client.send(&req).await {
+        Ok(r) if (200..300).contains(&r.status) => Some(format!(
+            "the same request with a UUID key ({uuid_key}) succeeded ({}), so the API accepts only keys in its own format: declare it in the manifest, [key] format = \"uuid\" (or max_len, prefix, charset), not the body",
+            r.status
+        )),
+        _ if mentions_key => Some(
+            "the answer names the key: if the API accepts only keys of its own format, declare it in [key] (format, max_len, prefix, charset); otherwise correct the body template".to_owned(),
+        ),
+        _ => None,
     }
 }

@@ -2,12 +2,14 @@
 //! outcomes are never stored and release the key, and answers decided
 //! before the claim leave the key free.
 //!
-//! A final outcome executed again, or a 5xx stored and replayed, is
-//! `safety`; only a count of handler runs (`hooks.execution_probe`) or the
-//! replay marker can show either, because the repeated answer is
-//! byte-identical. Without that evidence the kit judges what it can see
-//! (`semantics`: the answer is not the stored one, the key was not
-//! released) and says what it could not.
+//! A final outcome executed again, or a 5xx stored and replayed, breaks
+//! the failure policy (`semantics` by the severity rule: the answer is true
+//! about effects). Only a count of handler runs (`hooks.execution_probe`)
+//! or the replay marker can show either, because the repeated answer may be
+//! byte-identical; identical bytes alone are never taken as a stored
+//! answer. Without that evidence the kit judges what it can see (the
+//! answer is not the stored one, the key was not released) and says what
+//! it could not.
 
 use idem_conformance_core::clause;
 use idem_conformance_core::verdict::Consequence;
@@ -86,16 +88,6 @@ pub fn cases() -> Vec<Case> {
             run: |r| Box::pin(before_claim(r)),
         },
     ]
-}
-
-/// Whether `again` is `stored` answered a second time from the store: the
-/// declared marker says so, or no marker is declared and the bytes match
-/// (then only the execution probe can tell, and the caller asks it).
-fn replayed(rec: &Rec, stored: &Response, again: &Response) -> bool {
-    match rec.ctx.manifest.marked(again) {
-        Some(marked) => marked || again.replayed(),
-        None => again.same_outcome(stored) || again.replayed(),
-    }
 }
 
 async fn final_4xx(rec: &mut Rec) {
@@ -298,21 +290,54 @@ async fn by_failpoint(rec: &mut Rec) {
 }
 
 /// R2, the retry after R1's 5xx with the endpoint's own body: a fresh
-/// execution. The 5xx replayed is safety; the key still held is semantics.
+/// execution. The 5xx replayed and the key still held are both semantics
+/// (the retry is told, truly, that nothing took effect).
+///
+/// A retry answered with the same bytes as R1 is not proof of a stored
+/// answer: the retry may have run and failed the same way. Only the replay
+/// marker, or a count of handler runs, can tell the two apart; without
+/// either the kit does not judge it stored.
 async fn retry_after_5xx(rec: &mut Rec, r1: &Response, r2: &Response, marker: &str) {
-    rec.check(
-        clause!("idem.failure.5xx-not-stored"),
-        !(r2.same_outcome(r1) || r2.status >= 500 && replayed(rec, r1, r2)),
-        "the retry is not answered with the stored 5xx",
-        r2.summary(),
-    );
-    rec.headline(format!(
-        "a {} was stored and replayed to the retry: R1 {} and the retry {}, {} bytes identical",
-        r1.status,
-        r1.summary(),
-        r2.summary(),
-        r2.body.len()
-    ));
+    let marked = r2.status >= 500 && (rec.ctx.manifest.marked(r2) == Some(true) || r2.replayed());
+    let stored = if marked || !r2.same_outcome(r1) {
+        Some(marked)
+    } else {
+        match rec.ctx.executions(marker).await {
+            Some(Ok(n)) => {
+                rec.note(format!(
+                    "R2 repeats R1's {} byte for byte; the execution probe counted {n} handler run(s), so it was {}",
+                    r1.status,
+                    if n >= 2 { "a fresh failure" } else { "answered from the store" }
+                ));
+                Some(n < 2)
+            }
+            Some(Err(e)) => {
+                rec.probe_failed(e);
+                return;
+            }
+            None => {
+                rec.note(format!(
+                    "R2 repeats R1's {} byte for byte without a replay marker: a stored answer and a fresh failure look the same, and no hooks.execution_probe counts runs, so it is not judged stored",
+                    r1.status
+                ));
+                None
+            }
+        }
+    };
+    if let Some(stored) = stored {
+        rec.check(
+            clause!("idem.failure.5xx-not-stored"),
+            !stored,
+            "the retry is not answered with the stored 5xx",
+            r2.summary(),
+        );
+        rec.headline(format!(
+            "a {} was stored and replayed to the retry: R1 {} and the retry {}",
+            r1.status,
+            r1.summary(),
+            r2.summary(),
+        ));
+    }
     rec.check_as(
         clause!("idem.failure.5xx-not-stored"),
         Consequence::Behaviour,
