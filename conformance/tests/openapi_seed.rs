@@ -115,10 +115,7 @@ fn the_cli_writes_the_seeded_manifest_and_refuses_to_overwrite() {
         .enable_all()
         .build()
         .expect("runtime");
-    assert_eq!(
-        rt.block_on(idem_conformance::cli::execute(args(&out))),
-        0
-    );
+    assert_eq!(rt.block_on(idem_conformance::cli::execute(args(&out))), 0);
     manifest::load(&out).expect("loads");
     assert_eq!(
         rt.block_on(idem_conformance::cli::execute(args(&out))),
