@@ -667,7 +667,8 @@ base_url = "http://127.0.0.1:8080"
 base = "reference"
 # The header that marks a replay, or "none" when replays are not marked:
 # replay_marker = "Idempotent-Replayed"
-# The marker's value on a replay, when it is not "true" (compared without case):
+# The marker's value on a replay, when it is not "true" (compared without case),
+# or "{{key}}" when the marker's value is the request's idempotency key:
 # replay_marker_value = "true"
 # Where your error bodies carry their code, as a JSON pointer, when it is not
 # a top-level "code" (e.g. {"error": {"code": "..."}}); the distinct-errors
@@ -686,8 +687,16 @@ base = "reference"
 # status = 409
 # pattern = "in progress"
 
+# The keys you accept, when narrower than the contract's (1 to 255 visible ASCII
+# characters): format "any" or "uuid", a max_len, a prefix, a charset ("visible",
+# "alnum_dash", "alnum" or "hex"). Every key the kit sends to use an endpoint then
+# follows it (the key-grammar cases still send the contract's boundary keys):
+# [key]
+# format = "uuid"
+
 # Two or more identities; per-caller scoping needs two. Header values are
-# secrets: reports and curl reproductions redact them.
+# secrets: reports and curl reproductions redact them. Any string in this file
+# may name an environment variable as ${NAME} (a CI secret); $${ is a literal ${.
 [[callers]]
 name = "alice"
 headers = { Authorization = "Bearer demo-alice" }
@@ -730,6 +739,8 @@ replay_window_secs = 86400
 #   "conflict_or_wait": refused as in use at once, or held and replayed with Prefer: wait=N
 #   "conflict":         refused as in use at once
 #   "always_wait":      always held until the first request finishes, then replayed
+#   "wait_or_conflict_on_race": held and replayed, except the loser of a race for the
+#                       claim itself, refused as in use at once
 #   "none":             you keep no in-flight state (duplicates are serialised behind
 #                       the first, or refused some other way); only "not executed" is checked
 in_flight = "conflict_or_wait"
@@ -737,10 +748,13 @@ in_flight = "conflict_or_wait"
 # stored, 5xx never), "store_everything" or "success_only" (both deviate; the
 # failure cases say so and still check the contract):
 failure_policy = "final_unless_server_error"
-# What your request fingerprint covers beyond method and body. If it leaves
-# the query string out, say so: a request differing only in its query is then
-# a declared difference (interop), not judged as a different request:
-# fingerprint = { query = true }
+# What your request fingerprint covers, when it is not the contract's (method,
+# path with query, body). Leaving the query out makes a request differing only
+# in its query a declared difference (interop). Headers you fingerprint (["*"]:
+# all) make a true retry with a new traceparent a declared difference too. A
+# body or path left out is said in the report, but another request's answer
+# replayed is still unsafe:
+# fingerprint = { query = true, path = true, body = true, headers = [] }
 
 # How the kit counts side effects (read-only GETs only). One of:
 #   kind = "list":  count items whose match_pointer equals the run marker
@@ -786,6 +800,42 @@ property_sequences = 8        # generated operation sequences (0 disables)
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn environment_variables_fill_manifest_values() {
+        let env = |n: &str| (n == "API_TOKEN").then(|| "s3cr\"et".to_owned());
+        assert_eq!(
+            expand_env("Bearer ${API_TOKEN}", &env).as_deref(),
+            Ok("Bearer s3cr\"et")
+        );
+        assert_eq!(
+            expand_env("cost $5, $${LITERAL}", &env).as_deref(),
+            Ok("cost $5, ${LITERAL}")
+        );
+        let e = expand_env("${MISSING}", &env).expect_err("unset");
+        assert!(e.contains("MISSING") && e.contains("not set"), "{e}");
+        assert!(expand_env("${a b}", &env).is_err());
+        assert!(expand_env("${OPEN", &env).is_err());
+        // Through the whole manifest: a quote in the secret cannot break
+        // the TOML, and the hash is the file's, before substitution.
+        let text = TEMPLATE.replacen("Bearer ", "Bearer ${API_TOKEN}", 1);
+        let loaded = parse_with_env(&text, "t", &env).expect("loads");
+        let headers = serde_json::to_string(&loaded.manifest.callers).expect("json");
+        assert!(headers.contains("s3cr\\\"et"), "{headers}");
+        assert_eq!(loaded.sha256, sha256_hex(text.as_bytes()));
+        let e = parse_with_env(&text, "t", &|_| None).expect_err("unset");
+        assert!(e.to_string().contains("API_TOKEN"), "{e}");
+    }
+
+    #[test]
+    fn a_budget_below_the_default_is_warned_about() {
+        let mut m = parse(TEMPLATE, "t").expect("template").manifest;
+        assert!(warnings(&m).is_empty());
+        m.limits.max_side_effects = OLD_DEFAULT_BUDGET;
+        let w = warnings(&m);
+        assert!(w.len() == 1 && w[0].contains("old default"), "{w:?}");
+    }
+
     use super::*;
     use idem_spec::Profile;
 

@@ -641,8 +641,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn yaml_keyed_operations_and_the_key_grammar_are_read() {
+        // A FastAPI-style document: the middleware reads the header, the
+        // document never declares it.
+        let yaml = "openapi: 3.1.0\ninfo:\n  title: Shop\npaths:\n  /orders:\n    post:\n      operationId: create_order\n      requestBody:\n        content:\n          application/json:\n            example: {amount: 5, note: hi}\n";
+        let e = seed(yaml, "x.yaml").expect_err("nothing declares the header");
+        assert!(e.to_string().contains("--keyed"), "{e}");
+        for keyed in ["POST /orders", "post /orders", "create_order"] {
+            let s = seed_with(yaml, "x.yaml", &[keyed.to_owned()]).expect(keyed);
+            assert_eq!(s.manifest.endpoints[0].path, "/orders", "{keyed}");
+            // The failure bodies are placeholders the preflight refuses.
+            let rejected = s.manifest.endpoints[0]
+                .rejected_body
+                .as_ref()
+                .expect("placeholder");
+            assert!(rejected.as_str().is_some_and(|t| t.starts_with(FILL_ME)));
+        }
+        // The header's schema gives the key grammar.
+        let json = r#"{"openapi":"3.0.3","paths":{"/p":{"post":{"parameters":[{"in":"header","name":"Idempotency-Key","required":true,"schema":{"type":"string","format":"uuid"}}],"requestBody":{"content":{"application/json":{"example":{"amount":1,"memo":"m"}}}}}}}}"#;
+        let s = seed(json, "x.json").expect("seeds");
+        assert_eq!(s.manifest.key.format, idem_spec::manifest::KeyFormat::Uuid);
+        let json = json.replace(
+            r#""format":"uuid""#,
+            r#""maxLength":64,"pattern":"^[a-z]+$""#,
+        );
+        let s = seed(&json, "x.json").expect("seeds");
+        assert_eq!(s.manifest.key.max_len, Some(64));
+        assert!(
+            s.notes.iter().any(|n| n.contains("pattern")),
+            "{:?}",
+            s.notes
+        );
+    }
+
+    #[test]
     fn refuses_what_it_cannot_use() {
-        assert!(seed("openapi: 3.0.0", "x.yaml").is_err(), "YAML");
+        assert!(
+            seed("openapi: [", "x.yaml").is_err(),
+            "neither JSON nor YAML"
+        );
         assert!(seed(r#"{"swagger": "2.0"}"#, "x").is_err(), "Swagger 2");
         let none = r#"{"openapi": "3.0.3", "paths": {"/a": {"post": {}}}}"#;
         let e = seed(none, "x").expect_err("no idempotent operation");

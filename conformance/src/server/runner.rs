@@ -400,7 +400,8 @@ pub async fn run_case(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
 }
 
 /// The first manifest string still holding the `FILL_ME` placeholder, as a
-/// TOML path (`callers[0].headers.Authorization`).
+/// TOML path (`callers[0].headers.Authorization`), among the values a run
+/// uses.
 fn unfilled(m: &idem_spec::manifest::Manifest) -> Option<String> {
     fn walk(v: &serde_json::Value, path: &str) -> Option<String> {
         match v {
@@ -424,7 +425,20 @@ fn unfilled(m: &idem_spec::manifest::Manifest) -> Option<String> {
             _ => None,
         }
     }
-    walk(&serde_json::to_value(m).ok()?, "")
+    let mut v = serde_json::to_value(m).ok()?;
+    // A caller var no endpoint uses (its endpoint deleted) is harmless.
+    let used = serde_json::to_string(&m.endpoints).unwrap_or_default();
+    if let Some(callers) = v
+        .get_mut("callers")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for c in callers {
+            if let Some(vars) = c.get_mut("vars").and_then(serde_json::Value::as_object_mut) {
+                vars.retain(|k, _| used.contains(&format!("{{{{{k}}}}}")));
+            }
+        }
+    }
+    walk(&v, "")
 }
 
 /// Whether a 4xx to the kit's fresh request is the key's format: when the
