@@ -155,19 +155,38 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// Checks the rules the schema cannot express.
+///
+/// The groups run in this order and the first broken rule is the one
+/// reported, so a manifest with several problems names the same one
+/// every time.
 pub fn validate(m: &Manifest) -> Result<(), Error> {
-    let bad = |s: String| Err(Error::ManifestInvalid(s));
+    validate_target(m)
+        .and_then(|()| validate_callers(m))
+        .and_then(|()| validate_endpoints(m))
+        .and_then(|()| validate_profile(m))
+        .and_then(|()| validate_waivers_and_limits(m))
+        .and_then(|()| validate_hooks_and_probes(m))
+        .map_err(Error::ManifestInvalid)
+}
+
+/// The key grammar and the base URL.
+fn validate_target(m: &Manifest) -> Result<(), String> {
     if let Some(why) = crate::server::keyform::invalid(&m.key) {
-        return bad(why);
+        return Err(why);
     }
     if reqwest::Url::parse(&m.target.base_url).is_err() {
-        return bad(format!(
+        return Err(format!(
             "target.base_url {:?} is not an absolute URL",
             m.target.base_url
         ));
     }
+    Ok(())
+}
+
+/// At least two distinct identities, since scoping is checked between two.
+fn validate_callers(m: &Manifest) -> Result<(), String> {
     if m.callers.len() < 2 {
-        return bad(format!(
+        return Err(format!(
             "declare at least two [[callers]] (found {}): per-caller scoping needs two identities",
             m.callers.len()
         ));
@@ -176,30 +195,35 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
     names.sort_unstable();
     names.dedup();
     if names.len() != m.callers.len() {
-        return bad("caller names must be distinct".to_owned());
+        return Err("caller names must be distinct".to_owned());
     }
     if m.callers[0].headers == m.callers[1].headers {
-        return bad(format!(
+        return Err(format!(
             "callers {:?} and {:?} send identical headers, so they are one identity",
             m.callers[0].name, m.callers[1].name
         ));
     }
+    Ok(())
+}
+
+/// Every endpoint can be sent, and its amounts can draw a changed body.
+fn validate_endpoints(m: &Manifest) -> Result<(), String> {
     if m.endpoints.is_empty() {
-        return bad("declare at least one [[endpoints]]".to_owned());
+        return Err("declare at least one [[endpoints]]".to_owned());
     }
     for e in &m.endpoints {
         if reqwest::Method::from_bytes(e.method.as_bytes()).is_err() {
-            return bad(format!("endpoint {:?}: bad method {:?}", e.name, e.method));
+            return Err(format!("endpoint {:?}: bad method {:?}", e.name, e.method));
         }
         if !e.path.starts_with('/') {
-            return bad(format!(
+            return Err(format!(
                 "endpoint {:?}: path {:?} must start with '/'",
                 e.name, e.path
             ));
         }
         let a = &e.amounts;
         if a.min > a.max {
-            return bad(format!(
+            return Err(format!(
                 "endpoint {:?}: amounts.min {} is above amounts.max {}",
                 e.name, a.min, a.max
             ));
@@ -211,26 +235,31 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
             .filter(|v| !excluded.contains(v))
             .count();
         if span <= 64 && left < 2 {
-            return bad(format!(
+            return Err(format!(
                 "endpoint {:?}: amounts leave fewer than two values to draw (a changed body needs two)",
                 e.name
             ));
         }
         for name in e.headers.keys() {
             if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return bad(format!("endpoint {:?}: bad header name {name:?}", e.name));
+                return Err(format!("endpoint {:?}: bad header name {name:?}", e.name));
             }
         }
     }
+    Ok(())
+}
+
+/// The dialect: contract errors, pointers and the replay marker.
+fn validate_profile(m: &Manifest) -> Result<(), String> {
     for (code, w) in &m.profile.errors {
         if !CONTRACT_ERRORS.iter().any(|c| c.as_str() == code) {
-            return bad(format!(
+            return Err(format!(
                 "profile.errors.{code}: not a contract error (expected one of {})",
                 CONTRACT_ERRORS.map(|c| c.as_str()).join(", ")
             ));
         }
         if !(400..600).contains(&w.status) {
-            return bad(format!(
+            return Err(format!(
                 "profile.errors.{code}.status {} is not an error status",
                 w.status
             ));
@@ -238,17 +267,17 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
         if let Some(p) = &w.pattern
             && let Err(e) = regex::Regex::new(p)
         {
-            return bad(format!("profile.errors.{code}.pattern {p:?}: {e}"));
+            return Err(format!("profile.errors.{code}.pattern {p:?}: {e}"));
         }
         if w.value.is_some() && w.pointer.is_none() {
-            return bad(format!(
+            return Err(format!(
                 "profile.errors.{code}: value without pointer (say where in the body it is)"
             ));
         }
         if let Some(p) = &w.pointer
             && !(p.is_empty() || p.starts_with('/'))
         {
-            return bad(format!(
+            return Err(format!(
                 "profile.errors.{code}.pointer {p:?} is not a JSON pointer (it starts with '/')"
             ));
         }
@@ -256,14 +285,14 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
     if let Some(p) = &m.profile.code_pointer
         && !p.starts_with('/')
     {
-        return bad(format!(
+        return Err(format!(
             "profile.code_pointer {p:?} is not a JSON pointer (it starts with '/', e.g. \"/error/code\")"
         ));
     }
     if let Some(v) = &m.profile.replay_marker_value
         && (v.trim().is_empty() || reqwest::header::HeaderValue::from_str(v).is_err())
     {
-        return bad(format!(
+        return Err(format!(
             "profile.replay_marker_value {v:?} is not a header value"
         ));
     }
@@ -271,22 +300,33 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
         && h != NO_REPLAY_MARKER
         && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
     {
-        return bad(format!(
+        return Err(format!(
             "profile.replay_marker {h:?} is not a header name (or \"{NO_REPLAY_MARKER}\")"
         ));
     }
+    Ok(())
+}
+
+/// Every waiver says why, and the run's limits allow a run at all.
+fn validate_waivers_and_limits(m: &Manifest) -> Result<(), String> {
     for w in &m.waivers {
         if w.reason.trim().is_empty() {
-            return bad(format!("waiver for {:?} has no reason", w.case));
+            return Err(format!("waiver for {:?} has no reason", w.case));
         }
     }
     let l = &m.limits;
     if l.requests_per_second == 0 || l.concurrency < 2 || l.request_timeout_ms == 0 {
-        return bad(
+        return Err(
             "limits: requests_per_second and request_timeout_ms must be positive, concurrency at least 2"
                 .to_owned(),
         );
     }
+    Ok(())
+}
+
+/// Hooks and probes name what is declared and are of a kind that can
+/// answer their question.
+fn validate_hooks_and_probes(m: &Manifest) -> Result<(), String> {
     if let Some(name) = m
         .hooks
         .failpoint
@@ -294,14 +334,14 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
         .and_then(|f| f.recovery_endpoint.as_ref())
         && !m.endpoints.iter().any(|e| &e.name == name)
     {
-        return bad(format!(
+        return Err(format!(
             "hooks.failpoint.recovery_endpoint {name:?} names no declared endpoint"
         ));
     }
     if let Some(c) = &m.probe_caller()
         && !m.callers.iter().any(|k| &k.name == c)
     {
-        return bad(format!("probe.caller {c:?} names no declared caller"));
+        return Err(format!("probe.caller {c:?} names no declared caller"));
     }
     // Keys are per caller: two callers may send the same one. A probe
     // matched by key can tell their effects apart only by asking as each
@@ -319,13 +359,13 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
                 caller: Some(_), ..
             } = p
         {
-            return bad(format!(
+            return Err(format!(
                 "{what}: a probe matched by idempotency key must ask as each operation's own caller (drop its caller), since two callers may use one key"
             ));
         }
     }
     if let Some(EffectProbe::ResourceId { .. }) = &m.hooks.execution_probe {
-        return bad(
+        return Err(
             "hooks.execution_probe: must be kind = \"count\" or \"list\" (a GET that counts handler runs)"
                 .to_owned(),
         );
@@ -333,12 +373,10 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
     match &m.hooks.foreign_probe {
         // Only the resource-id probe reads the target's own answers; a
         // foreign system has to be asked.
-        Some(idem_spec::manifest::EffectProbe::ResourceId { .. }) => {
-            return bad(
-                "hooks.foreign_probe: must be kind = \"count\" or \"list\" (a GET to the foreign system)"
-                    .to_owned(),
-            );
-        }
+        Some(idem_spec::manifest::EffectProbe::ResourceId { .. }) => Err(
+            "hooks.foreign_probe: must be kind = \"count\" or \"list\" (a GET to the foreign system)"
+                .to_owned(),
+        ),
         Some(
             idem_spec::manifest::EffectProbe::Count {
                 caller: Some(c), ..
@@ -346,14 +384,11 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
             | idem_spec::manifest::EffectProbe::List {
                 caller: Some(c), ..
             },
-        ) if !m.callers.iter().any(|k| &k.name == c) => {
-            return bad(format!(
-                "hooks.foreign_probe.caller {c:?} names no declared caller"
-            ));
-        }
-        _ => {}
+        ) if !m.callers.iter().any(|k| &k.name == c) => Err(format!(
+            "hooks.foreign_probe.caller {c:?} names no declared caller"
+        )),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The four errors of the contract, the ones profiles disagree on.
