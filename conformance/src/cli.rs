@@ -144,24 +144,7 @@ pub async fn execute(cli: Cli) -> i32 {
             flaw,
             profile,
             out,
-        } => match out.prepare() {
-            Ok(dir) => {
-                crate::server::demo::run(
-                    Options {
-                        seed,
-                        only,
-                        progress: true,
-                        artifacts_dir: Some(dir.to_owned()),
-                        strict: false,
-                    },
-                    flaw,
-                    profile,
-                    &out,
-                )
-                .await
-            }
-            Err(e) => Err(e),
-        },
+        } => demo_command(seed, only, flaw, profile, &out).await,
         Command::Run {
             target,
             seed,
@@ -169,24 +152,7 @@ pub async fn execute(cli: Cli) -> i32 {
             base_url,
             strict,
             out,
-        } => match out.prepare() {
-            Ok(dir) => {
-                run(
-                    &target,
-                    base_url,
-                    Options {
-                        seed,
-                        only,
-                        progress: true,
-                        artifacts_dir: Some(dir.to_owned()),
-                        strict,
-                    },
-                    &out,
-                )
-                .await
-            }
-            Err(e) => Err(e),
-        },
+        } => run_command(&target, seed, only, base_url, strict, &out).await,
         Command::List { target } => list(&target).map(|s| {
             print!("{s}");
             EXIT_CONFORMS
@@ -195,31 +161,12 @@ pub async fn execute(cli: Cli) -> i32 {
             path,
             from_openapi: Some(doc),
             keyed,
-        } => match read_document(&doc).await {
-            Ok(text) => init_from_openapi_text(&path, &text, &doc, &keyed).map(|notes| {
-                println!(
-                    "wrote {} from {doc}; {} thing(s) to fill in (marked TODO in the file; every {} value must be filled in or its line deleted before a run), then: idem-conformance list --target {}",
-                    path.display(),
-                    notes,
-                    crate::server::openapi::FILL_ME,
-                    path.display()
-                );
-                EXIT_CONFORMS
-            }),
-            Err(e) => Err(e),
-        },
+        } => init_seeded_command(&path, &doc, &keyed).await,
         Command::Init {
             path,
             from_openapi: None,
             ..
-        } => init(&path).map(|()| {
-            println!(
-                "wrote {}; edit it, then: idem-conformance list --target {}",
-                path.display(),
-                path.display()
-            );
-            EXIT_CONFORMS
-        }),
+        } => init_template_command(&path),
         Command::Replay {
             file,
             target,
@@ -234,26 +181,84 @@ pub async fn execute(cli: Cli) -> i32 {
             only,
             out,
         } => {
-            client(
-                command,
-                idem_conformance_client::ClientOptions {
-                    deadline: std::time::Duration::from_secs(deadline.max(1)),
-                    runs,
-                    seed,
-                    only,
-                    success_body,
-                    progress: true,
-                    ..idem_conformance_client::ClientOptions::default()
-                },
-                &out,
-            )
-            .await
+            let opts = idem_conformance_client::ClientOptions {
+                deadline: std::time::Duration::from_secs(deadline.max(1)),
+                runs,
+                seed,
+                only,
+                success_body,
+                progress: true,
+                ..idem_conformance_client::ClientOptions::default()
+            };
+            client(command, opts, &out).await
         }
     };
     result.unwrap_or_else(|e| {
         eprintln!("idem-conformance: {e}");
         EXIT_HARNESS
     })
+}
+
+/// The options of a server check run from the command line: progress on,
+/// artifacts next to the reports.
+fn cli_options(seed: Option<u64>, only: Option<String>, strict: bool, dir: &Path) -> Options {
+    Options {
+        seed,
+        only,
+        progress: true,
+        artifacts_dir: Some(dir.to_owned()),
+        strict,
+    }
+}
+
+/// The `demo` subcommand: the reference server, started and checked.
+async fn demo_command(
+    seed: Option<u64>,
+    only: Option<String>,
+    flaw: Option<String>,
+    profile: idem_spec::Profile,
+    out: &Outputs,
+) -> Result<i32, Error> {
+    let dir = out.prepare()?;
+    crate::server::demo::run(cli_options(seed, only, false, dir), flaw, profile, out).await
+}
+
+/// The `run` subcommand: the target a manifest describes.
+async fn run_command(
+    target: &Path,
+    seed: Option<u64>,
+    only: Option<String>,
+    base_url: Option<String>,
+    strict: bool,
+    out: &Outputs,
+) -> Result<i32, Error> {
+    let dir = out.prepare()?;
+    run(target, base_url, cli_options(seed, only, strict, dir), out).await
+}
+
+/// `init --from-openapi`: a manifest seeded from the document.
+async fn init_seeded_command(path: &Path, doc: &str, keyed: &[String]) -> Result<i32, Error> {
+    let text = read_document(doc).await?;
+    let notes = init_from_openapi_text(path, &text, doc, keyed)?;
+    println!(
+        "wrote {} from {doc}; {} thing(s) to fill in (marked TODO in the file; every {} value must be filled in or its line deleted before a run), then: idem-conformance list --target {}",
+        path.display(),
+        notes,
+        crate::server::openapi::FILL_ME,
+        path.display()
+    );
+    Ok(EXIT_CONFORMS)
+}
+
+/// Plain `init`: the commented template.
+fn init_template_command(path: &Path) -> Result<i32, Error> {
+    init(path)?;
+    println!(
+        "wrote {}; edit it, then: idem-conformance list --target {}",
+        path.display(),
+        path.display()
+    );
+    Ok(EXIT_CONFORMS)
 }
 
 /// The `client` subcommand: checks the command, prints and writes the
