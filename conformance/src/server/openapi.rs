@@ -132,89 +132,23 @@ fn body_template(
     op: &Value,
     preferred_marker: &[String],
 ) -> (Value, Vec<String>, Option<String>) {
-    let Some(media) = op
-        .pointer("/requestBody")
-        .map(|b| resolve(doc, b))
-        .and_then(|b| b.get("content"))
-        .and_then(Value::as_object)
-        .and_then(|c| {
-            c.iter()
-                .find(|(k, _)| k.starts_with("application/json") || k.ends_with("+json"))
-                .map(|(_, v)| v)
-        })
-    else {
+    let Some(media) = json_media(doc, op) else {
         return (json!({}), Vec::new(), None);
     };
     let schema = media.get("schema").map(|s| resolve(doc, s));
-    let example = media.get("example").cloned().or_else(|| {
-        media
-            .get("examples")
-            .and_then(Value::as_object)
-            .and_then(|e| e.values().next())
-            .map(|e| resolve(doc, e))
-            .and_then(|e| e.get("value").cloned())
-    });
     let props: Map<String, Value> = schema
         .and_then(|s| s.get("properties"))
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
     let required = schema.map(required_of).unwrap_or_default();
-    let mut body = match example {
+    let mut body = match media_example(doc, media) {
         Some(Value::Object(m)) => m,
         _ => Map::new(),
     };
     let from_example = !body.is_empty();
-    let string_prop = |k: &str| {
-        props
-            .get(k)
-            .is_some_and(|v| type_is(resolve(doc, v), "string"))
-    };
-    // The marker: a field a listing filters by, else a free-text name,
-    // else any string the schema has.
-    let marker = preferred_marker
-        .iter()
-        .find(|k| string_prop(k))
-        .cloned()
-        .or_else(|| {
-            MARKER_NAMES
-                .iter()
-                .find(|k| string_prop(k))
-                .map(|k| (*k).to_owned())
-        })
-        .or_else(|| {
-            props
-                .iter()
-                .find(|(k, v)| {
-                    !required.contains(k)
-                        && type_is(resolve(doc, v), "string")
-                        && resolve(doc, v).get("enum").is_none()
-                        && resolve(doc, v).get("format").is_none()
-                })
-                .map(|(k, _)| k.clone())
-        });
-    let amount = props
-        .iter()
-        .find(|(k, v)| k.as_str() == "amount" && type_is(resolve(doc, v), "integer"))
-        .or_else(|| {
-            props
-                .iter()
-                .find(|(_, v)| type_is(resolve(doc, v), "integer"))
-        })
-        .map(|(k, _)| k.clone());
-    // An example without a schema to go by: its integer `amount` is
-    // drawn, and a free-text member by a known name carries the marker.
-    let amount = amount.or_else(|| {
-        body.get("amount")
-            .filter(|v| v.is_i64())
-            .map(|_| "amount".to_owned())
-    });
-    let marker = marker.or_else(|| {
-        MARKER_NAMES
-            .iter()
-            .find(|k| body.get(**k).is_some_and(Value::is_string))
-            .map(|k| (*k).to_owned())
-    });
+    let marker = marker_field(doc, &props, &required, preferred_marker, &body);
+    let amount = amount_field(doc, &props, &body);
     for (field, template) in [(&amount, "{{amount}}"), (&marker, "{{marker}}")] {
         if let Some(f) = field
             && body.contains_key(f)
@@ -246,6 +180,100 @@ fn body_template(
     let mut body = Value::Object(body);
     strip_nulls(&mut body);
     (body, vars, marker)
+}
+
+/// The operation's JSON request body media type object, if it has one.
+fn json_media<'a>(doc: &'a Value, op: &'a Value) -> Option<&'a Value> {
+    op.pointer("/requestBody")
+        .map(|b| resolve(doc, b))
+        .and_then(|b| b.get("content"))
+        .and_then(Value::as_object)
+        .and_then(|c| {
+            c.iter()
+                .find(|(k, _)| k.starts_with("application/json") || k.ends_with("+json"))
+                .map(|(_, v)| v)
+        })
+}
+
+/// The media type's `example`, else the value of its first `examples`.
+fn media_example(doc: &Value, media: &Value) -> Option<Value> {
+    media.get("example").cloned().or_else(|| {
+        media
+            .get("examples")
+            .and_then(Value::as_object)
+            .and_then(|e| e.values().next())
+            .map(|e| resolve(doc, e))
+            .and_then(|e| e.get("value").cloned())
+    })
+}
+
+/// The field carrying the marker: a string a listing filters by, else a
+/// free-text name, else any optional plain string the schema has; with no
+/// schema to go by, a free-text member of the example by a known name.
+fn marker_field(
+    doc: &Value,
+    props: &Map<String, Value>,
+    required: &[String],
+    preferred: &[String],
+    example: &Map<String, Value>,
+) -> Option<String> {
+    let string_prop = |k: &str| {
+        props
+            .get(k)
+            .is_some_and(|v| type_is(resolve(doc, v), "string"))
+    };
+    preferred
+        .iter()
+        .find(|k| string_prop(k))
+        .cloned()
+        .or_else(|| {
+            MARKER_NAMES
+                .iter()
+                .find(|k| string_prop(k))
+                .map(|k| (*k).to_owned())
+        })
+        .or_else(|| {
+            props
+                .iter()
+                .find(|(k, v)| {
+                    !required.contains(k)
+                        && type_is(resolve(doc, v), "string")
+                        && resolve(doc, v).get("enum").is_none()
+                        && resolve(doc, v).get("format").is_none()
+                })
+                .map(|(k, _)| k.clone())
+        })
+        .or_else(|| {
+            MARKER_NAMES
+                .iter()
+                .find(|k| example.get(**k).is_some_and(Value::is_string))
+                .map(|k| (*k).to_owned())
+        })
+}
+
+/// The integer field drawn per request: `amount` if the schema has it as
+/// an integer, else its first integer; with no schema to go by, the
+/// example's integer `amount`.
+fn amount_field(
+    doc: &Value,
+    props: &Map<String, Value>,
+    example: &Map<String, Value>,
+) -> Option<String> {
+    props
+        .iter()
+        .find(|(k, v)| k.as_str() == "amount" && type_is(resolve(doc, v), "integer"))
+        .or_else(|| {
+            props
+                .iter()
+                .find(|(_, v)| type_is(resolve(doc, v), "integer"))
+        })
+        .map(|(k, _)| k.clone())
+        .or_else(|| {
+            example
+                .get("amount")
+                .filter(|v| v.is_i64())
+                .map(|_| "amount".to_owned())
+        })
 }
 
 /// TOML has no null: members whose value is null are dropped.
@@ -384,18 +412,12 @@ pub fn parse_document(text: &str, origin: &str) -> Result<Value, Error> {
 /// [`seed`], also treating the operations `keyed` names as keyed: a
 /// middleware that reads `Idempotency-Key` seldom declares the header, so
 /// the document alone cannot say which operations use it.
+///
+/// The notes come out in the order a reader fills the file in: per
+/// operation (key grammar, marker), then callers, probe and base URL.
 pub fn seed_with(text: &str, origin: &str, keyed: &[String]) -> Result<Seeded, Error> {
     let doc = parse_document(text, origin)?;
-    let version = match doc.get("openapi") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => n.to_string(),
-        _ => String::new(),
-    };
-    if !version.starts_with('3') {
-        return Err(Error::ManifestInvalid(format!(
-            "{origin}: an OpenAPI 3.x document is needed (\"openapi\": \"3...\"), found {version:?}"
-        )));
-    }
+    require_openapi_3(&doc, origin)?;
     let mut notes = Vec::new();
     let mut endpoints = Vec::new();
     let mut all_vars: Vec<String> = Vec::new();
@@ -433,71 +455,14 @@ pub fn seed_with(text: &str, origin: &str, keyed: &[String]) -> Result<Seeded, E
             {
                 key_grammar(&doc, k, &mut seeded_key, &mut notes);
             }
-            let filters: Vec<String> = item
-                .pointer("/get/parameters")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .map(|p| resolve(&doc, p))
-                .filter(|p| p.get("in").and_then(Value::as_str) == Some("query"))
-                .filter_map(|p| p.get("name").and_then(Value::as_str).map(str::to_owned))
-                .collect();
-            let (body, vars, marker) = body_template(&doc, op, &filters);
-            // Path parameters become caller vars too.
-            let mut templated = path.clone();
-            for seg in path.split('/') {
-                if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
-                    templated = templated.replace(seg, &format!("{{{{{name}}}}}"));
-                    all_vars.push(name.to_owned());
-                }
-            }
-            all_vars.extend(vars);
-            let name = op
-                .get("operationId")
-                .or_else(|| op.get("summary"))
-                .and_then(Value::as_str)
-                .map_or_else(
-                    || format!("{} {path}", method.to_uppercase()),
-                    str::to_owned,
-                );
-            let probe = marker.as_deref().and_then(|m| list_probe(&doc, path, m));
-            match &marker {
-                None => notes.push(format!(
-                    "{name}: no free-text string in the body to carry the run marker; add one (or a header, endpoints[].headers) and a probe that finds it"
-                )),
-                Some(m) if probe.is_none() => notes.push(format!(
-                    "{name}: the marker goes in {m:?}, but no GET {path}?{m}= listing was found; declare a probe that counts effects by it"
-                )),
-                Some(_) => {}
-            }
-            endpoints.push((
-                Endpoint {
-                    name,
-                    method: method.to_uppercase(),
-                    path: templated,
-                    body,
-                    key_required: params.iter().any(|p| {
-                        is_key_param(&doc, p)
-                            && resolve(&doc, p).get("required").and_then(Value::as_bool)
-                                == Some(true)
-                    }),
-                    // Nothing in a document says which body the API refuses
-                    // after claiming the key, or fails on: placeholders the
-                    // preflight refuses to run with until they are filled in
-                    // (or the lines deleted, leaving those cases unsupported).
-                    rejected_body: Some(Value::String(format!(
-                        "{FILL_ME}: a body this endpoint refuses with a final 4xx after claiming the key (or delete the line)"
-                    ))),
-                    replayed_headers: Vec::new(),
-                    probe: None,
-                    server_error_body: Some(Value::String(format!(
-                        "{FILL_ME}: a body this endpoint fails on with a 5xx after claiming the key (or delete the line)"
-                    ))),
-                    amounts: Default::default(),
-                    headers: BTreeMap::new(),
-                },
-                probe,
-            ));
+            let operation = Operation {
+                path,
+                item,
+                method,
+                op,
+                params: &params,
+            };
+            endpoints.push(seeded_endpoint(&doc, &operation, &mut all_vars, &mut notes));
         }
     }
     if endpoints.is_empty() {
@@ -507,10 +472,150 @@ pub fn seed_with(text: &str, origin: &str, keyed: &[String]) -> Result<Seeded, E
     }
     all_vars.sort();
     all_vars.dedup();
+    let callers = seeded_callers(&doc, &all_vars, &mut notes);
+    let (main_probe, endpoints) = share_probe(endpoints, &mut notes);
+    let base_url = seeded_base_url(&doc, &mut notes);
+    let name = doc
+        .pointer("/info/title")
+        .and_then(Value::as_str)
+        .unwrap_or("my API")
+        .to_owned();
+    let manifest = Manifest {
+        target: Target {
+            name: format!("{name} (sandbox)"),
+            base_url,
+            openapi_url: None,
+        },
+        profile: ProfileDecl::default(),
+        callers,
+        endpoints,
+        policy: Default::default(),
+        probe: main_probe,
+        hooks: Hooks::default(),
+        key: seeded_key,
+        limits: Limits::default(),
+        waivers: Vec::new(),
+    };
+    Ok(Seeded { manifest, notes })
+}
+
+/// Refuses anything but an OpenAPI 3.x document.
+fn require_openapi_3(doc: &Value, origin: &str) -> Result<(), Error> {
+    let version = match doc.get("openapi") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => String::new(),
+    };
+    if !version.starts_with('3') {
+        return Err(Error::ManifestInvalid(format!(
+            "{origin}: an OpenAPI 3.x document is needed (\"openapi\": \"3...\"), found {version:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// One keyed operation of the document, as seeding reads it.
+struct Operation<'a> {
+    /// Its path as the document spells it (`/accounts/{id}/payments`).
+    path: &'a str,
+    /// The path item, for the GET beside the operation.
+    item: &'a Value,
+    /// Lower case, as a path item's member name.
+    method: &'a str,
+    op: &'a Value,
+    /// The path item's shared parameters, then the operation's own.
+    params: &'a [&'a Value],
+}
+
+/// The endpoint one keyed operation becomes, with the listing that counts
+/// its effects if the document has one. Its path parameters and the body's
+/// required strings join `vars`; what is missing becomes a note.
+fn seeded_endpoint(
+    doc: &Value,
+    o: &Operation<'_>,
+    vars: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) -> (Endpoint, Option<EffectProbe>) {
+    let filters: Vec<String> = o
+        .item
+        .pointer("/get/parameters")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|p| resolve(doc, p))
+        .filter(|p| p.get("in").and_then(Value::as_str) == Some("query"))
+        .filter_map(|p| p.get("name").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    let (body, body_vars, marker) = body_template(doc, o.op, &filters);
+    let templated = templated_path(o.path, vars);
+    vars.extend(body_vars);
+    let name =
+        o.op.get("operationId")
+            .or_else(|| o.op.get("summary"))
+            .and_then(Value::as_str)
+            .map_or_else(
+                || format!("{} {}", o.method.to_uppercase(), o.path),
+                str::to_owned,
+            );
+    let probe = marker.as_deref().and_then(|m| list_probe(doc, o.path, m));
+    let path = o.path;
+    match &marker {
+        None => notes.push(format!(
+            "{name}: no free-text string in the body to carry the run marker; add one (or a header, endpoints[].headers) and a probe that finds it"
+        )),
+        Some(m) if probe.is_none() => notes.push(format!(
+            "{name}: the marker goes in {m:?}, but no GET {path}?{m}= listing was found; declare a probe that counts effects by it"
+        )),
+        Some(_) => {}
+    }
+    let endpoint = Endpoint {
+        name,
+        method: o.method.to_uppercase(),
+        path: templated,
+        body,
+        key_required: o.params.iter().any(|p| {
+            is_key_param(doc, p)
+                && resolve(doc, p).get("required").and_then(Value::as_bool) == Some(true)
+        }),
+        // Nothing in a document says which body the API refuses
+        // after claiming the key, or fails on: placeholders the
+        // preflight refuses to run with until they are filled in
+        // (or the lines deleted, leaving those cases unsupported).
+        rejected_body: Some(Value::String(format!(
+            "{FILL_ME}: a body this endpoint refuses with a final 4xx after claiming the key (or delete the line)"
+        ))),
+        replayed_headers: Vec::new(),
+        probe: None,
+        server_error_body: Some(Value::String(format!(
+            "{FILL_ME}: a body this endpoint fails on with a 5xx after claiming the key (or delete the line)"
+        ))),
+        amounts: Default::default(),
+        headers: BTreeMap::new(),
+    };
+    (endpoint, probe)
+}
+
+/// The path with each `{param}` as a `{{param}}` caller var, the names
+/// pushed onto `vars`.
+fn templated_path(path: &str, vars: &mut Vec<String>) -> String {
+    let mut templated = path.to_owned();
+    for seg in path.split('/') {
+        if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+            templated = templated.replace(seg, &format!("{{{{{name}}}}}"));
+            vars.push(name.to_owned());
+        }
+    }
+    templated
+}
+
+/// Two callers with placeholder credentials from the security schemes and
+/// a placeholder for each var; the notes say what to fill in.
+fn seeded_callers(doc: &Value, all_vars: &[String], notes: &mut Vec<String>) -> Vec<Caller> {
     let callers: Vec<Caller> = ["caller-a", "caller-b"]
         .iter()
         .map(|who| {
-            let (headers, n) = auth_headers(&doc, who);
+            let (headers, n) = auth_headers(doc, who);
+            // Both callers meet the same schemes: say it once.
             if *who == "caller-a" {
                 notes.extend(n);
             }
@@ -534,8 +639,15 @@ pub fn seed_with(text: &str, origin: &str, keyed: &[String]) -> Result<Seeded, E
         "each caller's headers need real credentials of two different identities (a sandbox)"
             .into(),
     );
-    // The first endpoint's listing is the manifest's probe; the others keep
-    // their own when they differ.
+    callers
+}
+
+/// The manifest's probe and the endpoints: the first endpoint's listing
+/// is the manifest's probe; the others keep their own when they differ.
+fn share_probe(
+    endpoints: Vec<(Endpoint, Option<EffectProbe>)>,
+    notes: &mut Vec<String>,
+) -> (EffectProbe, Vec<Endpoint>) {
     let main_probe = endpoints[0].1.clone().unwrap_or_else(|| {
         notes.push(
             "no listing found for the first endpoint: the probe reads the created resource's id at /id; a count or list probe is stronger".into(),
@@ -554,8 +666,13 @@ pub fn seed_with(text: &str, origin: &str, keyed: &[String]) -> Result<Seeded, E
             e
         })
         .collect();
-    let base_url = doc
-        .pointer("/servers/0/url")
+    (main_probe, endpoints)
+}
+
+/// The document's first absolute server URL, else a local placeholder and
+/// a note.
+fn seeded_base_url(doc: &Value, notes: &mut Vec<String>) -> String {
+    doc.pointer("/servers/0/url")
         .and_then(Value::as_str)
         .filter(|u| u.starts_with("http://") || u.starts_with("https://"))
         .map_or_else(
@@ -564,29 +681,7 @@ pub fn seed_with(text: &str, origin: &str, keyed: &[String]) -> Result<Seeded, E
                 "http://127.0.0.1:8080".to_owned()
             },
             |u| u.trim_end_matches('/').to_owned(),
-        );
-    let name = doc
-        .pointer("/info/title")
-        .and_then(Value::as_str)
-        .unwrap_or("my API")
-        .to_owned();
-    let manifest = Manifest {
-        target: Target {
-            name: format!("{name} (sandbox)"),
-            base_url,
-            openapi_url: None,
-        },
-        profile: ProfileDecl::default(),
-        callers,
-        endpoints,
-        policy: Default::default(),
-        probe: main_probe,
-        hooks: Hooks::default(),
-        key: seeded_key,
-        limits: Limits::default(),
-        waivers: Vec::new(),
-    };
-    Ok(Seeded { manifest, notes })
+        )
 }
 
 /// The key grammar the header parameter's schema states (`format: uuid`,
