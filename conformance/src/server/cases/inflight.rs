@@ -159,94 +159,107 @@ async fn conflict(rec: &mut Rec) {
             ));
             continue;
         }
-        if d.status != 409
-            && !(200..300).contains(&d.status)
-            && !rec.ctx.manifest.never_refuses_in_flight()
-        {
-            rec.stop(
-                Verdict::Inconclusive,
-                format!(
-                    "never observed the key in flight (duplicate got {})",
-                    d.summary()
-                ),
-            );
-        }
-        // Executed while the original is held: a second effect (safety).
-        // Refused at all: in-flight detection (semantics). Its spelling and
-        // Retry-After: interop.
-        let refused = (400..500).contains(&d.status);
+        judge_duplicate(rec, &d, first.as_ref(), &marker).await;
+        return;
+    }
+}
+
+/// Judges the duplicate sent while the original was held in flight: not
+/// executed (safety), refused as in flight with the declared spelling and
+/// Retry-After, and one effect in all.
+async fn judge_duplicate(rec: &mut Rec, d: &Response, first: Option<&Response>, marker: &str) {
+    if d.status != 409
+        && !(200..300).contains(&d.status)
+        && !rec.ctx.manifest.never_refuses_in_flight()
+    {
+        rec.stop(
+            Verdict::Inconclusive,
+            format!(
+                "never observed the key in flight (duplicate got {})",
+                d.summary()
+            ),
+        );
+    }
+    // Executed while the original is held: a second effect (safety).
+    // Refused at all: in-flight detection (semantics). Its spelling and
+    // Retry-After: interop.
+    let refused = (400..500).contains(&d.status);
+    rec.check(
+        clause!("idem.inflight.conflict"),
+        !rec.ctx.dialect().executed(d, first),
+        "the duplicate is not executed while the original is in flight",
+        d.summary(),
+    );
+    rec.headline(format!(
+        "a duplicate sent while the original was held in flight was executed: {}",
+        d.summary()
+    ));
+    if rec.ctx.manifest.never_refuses_in_flight() {
+        judge_held_duplicate(rec, d, first, marker).await;
+        return;
+    }
+    rec.check_as(
+        clause!("idem.inflight.conflict"),
+        Consequence::Behaviour,
+        refused,
+        format!(
+            "refused as in flight ({} as declared)",
+            rec.ctx.dialect().spelled(ErrorCode::IdempotencyKeyInUse)
+        ),
+        d.summary(),
+    );
+    if refused {
+        check_spelling(rec, d, ErrorCode::IdempotencyKeyInUse, "the duplicate");
         rec.check(
-            clause!("idem.inflight.conflict"),
-            !rec.ctx.dialect().executed(&d, first.as_ref()),
-            "the duplicate is not executed while the original is in flight",
+            clause!("idem.inflight.retry-after"),
+            d.header("retry-after").is_some(),
+            "Retry-After present",
             d.summary(),
         );
-        rec.headline(format!(
-            "a duplicate sent while the original was held in flight was executed: {}",
-            d.summary()
-        ));
-        if rec.ctx.manifest.never_refuses_in_flight() {
-            // Declared: duplicates are held (or refused in the target's own
-            // way). Only "not executed" is the contract's here, plus, for a
-            // held duplicate, that it got the original's answer.
-            if !refused && let Some(f) = first.as_ref() {
-                rec.check_as(
-                    clause!("idem.inflight.conflict"),
-                    Consequence::Behaviour,
-                    d.same_outcome(f),
-                    "a held duplicate is answered with the original's response",
-                    d.summary(),
-                );
-            }
-            let seen: Vec<&Response> = first.iter().chain(std::iter::once(&d)).collect();
-            rec.check_effects(
-                clause!("idem.inflight.conflict"),
-                0,
-                &marker,
-                &seen,
-                1,
-                "a duplicate sent while the original was held in flight",
-            )
-            .await;
-            return;
-        }
+    }
+    rec.check(
+        clause!("idem.state.three-states"),
+        refused && !d.replayed(),
+        "in flight is neither absent (execute) nor complete (replay)",
+        d.summary(),
+    );
+    let seen: Vec<&Response> = first.into_iter().chain(std::iter::once(d)).collect();
+    rec.check_effects(
+        clause!("idem.inflight.conflict"),
+        0,
+        marker,
+        &seen,
+        1,
+        "a duplicate sent while the original was held in flight",
+    )
+    .await;
+}
+
+/// [`judge_duplicate`] for a target declared never to refuse in flight.
+async fn judge_held_duplicate(rec: &mut Rec, d: &Response, first: Option<&Response>, marker: &str) {
+    let refused = (400..500).contains(&d.status);
+    // Declared: duplicates are held (or refused in the target's own
+    // way). Only "not executed" is the contract's here, plus, for a
+    // held duplicate, that it got the original's answer.
+    if !refused && let Some(f) = first {
         rec.check_as(
             clause!("idem.inflight.conflict"),
             Consequence::Behaviour,
-            refused,
-            format!(
-                "refused as in flight ({} as declared)",
-                rec.ctx.dialect().spelled(ErrorCode::IdempotencyKeyInUse)
-            ),
+            d.same_outcome(f),
+            "a held duplicate is answered with the original's response",
             d.summary(),
         );
-        if refused {
-            check_spelling(rec, &d, ErrorCode::IdempotencyKeyInUse, "the duplicate");
-            rec.check(
-                clause!("idem.inflight.retry-after"),
-                d.header("retry-after").is_some(),
-                "Retry-After present",
-                d.summary(),
-            );
-        }
-        rec.check(
-            clause!("idem.state.three-states"),
-            refused && !d.replayed(),
-            "in flight is neither absent (execute) nor complete (replay)",
-            d.summary(),
-        );
-        let seen: Vec<&Response> = first.iter().chain(std::iter::once(&d)).collect();
-        rec.check_effects(
-            clause!("idem.inflight.conflict"),
-            0,
-            &marker,
-            &seen,
-            1,
-            "a duplicate sent while the original was held in flight",
-        )
-        .await;
-        return;
     }
+    let seen: Vec<&Response> = first.into_iter().chain(std::iter::once(d)).collect();
+    rec.check_effects(
+        clause!("idem.inflight.conflict"),
+        0,
+        marker,
+        &seen,
+        1,
+        "a duplicate sent while the original was held in flight",
+    )
+    .await;
 }
 
 async fn prefer_wait(rec: &mut Rec) {

@@ -11,6 +11,8 @@ use crate::server::case::{Aim, Case, Need, Rec, shared};
 use crate::server::manifest::ManifestExt;
 
 /// The cases of this family.
+// Long on purpose: a table of case declarations (id, title, clauses,
+// needs, permitted outcomes), one entry per case, as in the other families.
 pub fn cases() -> Vec<Case> {
     vec![
         Case {
