@@ -262,79 +262,7 @@ async fn gate(rec: &mut Rec) {
         else {
             return;
         };
-        // The other answers, by behaviour: refusals (any 4xx) and identical
-        // replays keep the contract's promise to the caller; a 5xx does
-        // not. After several executions, replays of another execution are
-        // their consequence, already judged above: not a second finding.
-        if effects <= 1 {
-            rec.check_as(
-                clause!("idem.concurrency.single-effect"),
-                Consequence::Behaviour,
-                o.other.is_empty(),
-                "every answer but one is a refusal or an identical replay",
-                o.describe(),
-            );
-        }
-        if o.executed > 1 && effects == 1 {
-            // Distinct 2xx bodies for one effect: replays that are not the
-            // stored response.
-            rec.check(
-                clause!("idem.replay.verbatim"),
-                false,
-                "replays identical to the execution",
-                format!("{} 2xx answers unlike the execution", o.executed - 1),
-            );
-        }
-        if effects == 1 && o.conflicts > 0 {
-            // Positive evidence only: duplicates arrived in flight, were
-            // refused, and nothing ran twice.
-            rec.check(
-                clause!("idem.inflight.conflict"),
-                true,
-                "duplicates that arrive in flight are refused, not executed",
-                format!("{} refused in flight; one effect", o.conflicts),
-            );
-        }
-        if o.conflicts + o.other_refusals.len() > 0 {
-            let declared = rec.ctx.dialect().spelled(ErrorCode::IdempotencyKeyInUse);
-            rec.check(
-                clause!("idem.errors.profiles"),
-                o.conflicts_as_declared == o.refused(),
-                format!("every in-flight refusal is {declared}"),
-                format!(
-                    "{} of {} refusals as declared{}",
-                    o.conflicts_as_declared,
-                    o.refused(),
-                    if o.other_refusals.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; others: {}", tally(&o.other_refusals))
-                    }
-                ),
-            );
-        }
-        if o.conflicts > 0 {
-            rec.check(
-                clause!("idem.inflight.retry-after"),
-                o.conflicts_without_retry_after == 0,
-                "every in-flight refusal carries Retry-After",
-                format!(
-                    "{} of {} without Retry-After",
-                    o.conflicts_without_retry_after, o.conflicts
-                ),
-            );
-        }
-        if o.identical_replays > 0 {
-            rec.check(
-                clause!("idem.replay.marker"),
-                o.replays_without_marker == 0,
-                "every replay carries Idempotent-Replayed: true",
-                format!(
-                    "{} of {} identical answers without it",
-                    o.replays_without_marker, o.identical_replays
-                ),
-            );
-        }
+        check_burst_answers(rec, &o, effects);
         if o.throttled > 0 {
             rec.note(format!(
                 "{} of {n} answers were 429 or 503: the target shed load, which neither counts against it nor shows its in-flight answer (a lower limits.concurrency avoids it)",
@@ -370,6 +298,85 @@ async fn gate(rec: &mut Rec) {
     }
 }
 
+/// What a burst's answers other than its execution show, given its effect
+/// count: each a refusal or an identical replay; replays verbatim and
+/// marked; in-flight refusals as declared, with Retry-After.
+fn check_burst_answers(rec: &mut Rec, o: &GateObs, effects: u64) {
+    // The other answers, by behaviour: refusals (any 4xx) and identical
+    // replays keep the contract's promise to the caller; a 5xx does
+    // not. After several executions, replays of another execution are
+    // their consequence, already judged above: not a second finding.
+    if effects <= 1 {
+        rec.check_as(
+            clause!("idem.concurrency.single-effect"),
+            Consequence::Behaviour,
+            o.other.is_empty(),
+            "every answer but one is a refusal or an identical replay",
+            o.describe(),
+        );
+    }
+    if o.executed > 1 && effects == 1 {
+        // Distinct 2xx bodies for one effect: replays that are not the
+        // stored response.
+        rec.check(
+            clause!("idem.replay.verbatim"),
+            false,
+            "replays identical to the execution",
+            format!("{} 2xx answers unlike the execution", o.executed - 1),
+        );
+    }
+    if effects == 1 && o.conflicts > 0 {
+        // Positive evidence only: duplicates arrived in flight, were
+        // refused, and nothing ran twice.
+        rec.check(
+            clause!("idem.inflight.conflict"),
+            true,
+            "duplicates that arrive in flight are refused, not executed",
+            format!("{} refused in flight; one effect", o.conflicts),
+        );
+    }
+    if o.conflicts + o.other_refusals.len() > 0 {
+        let declared = rec.ctx.dialect().spelled(ErrorCode::IdempotencyKeyInUse);
+        rec.check(
+            clause!("idem.errors.profiles"),
+            o.conflicts_as_declared == o.refused(),
+            format!("every in-flight refusal is {declared}"),
+            format!(
+                "{} of {} refusals as declared{}",
+                o.conflicts_as_declared,
+                o.refused(),
+                if o.other_refusals.is_empty() {
+                    String::new()
+                } else {
+                    format!("; others: {}", tally(&o.other_refusals))
+                }
+            ),
+        );
+    }
+    if o.conflicts > 0 {
+        rec.check(
+            clause!("idem.inflight.retry-after"),
+            o.conflicts_without_retry_after == 0,
+            "every in-flight refusal carries Retry-After",
+            format!(
+                "{} of {} without Retry-After",
+                o.conflicts_without_retry_after, o.conflicts
+            ),
+        );
+    }
+    if o.identical_replays > 0 {
+        rec.check(
+            clause!("idem.replay.marker"),
+            o.replays_without_marker == 0,
+            "every replay carries Idempotent-Replayed: true",
+            format!(
+                "{} of {} identical answers without it",
+                o.replays_without_marker, o.identical_replays
+            ),
+        );
+    }
+}
+
 async fn two_callers(rec: &mut Rec) {
     let n = (rec.ctx.manifest.limits.concurrency as usize / 2).max(2);
     let key = rec.ctx.key();
@@ -382,6 +389,47 @@ async fn two_callers(rec: &mut Rec) {
             rec.ctx.op(c, Some(&key), &markers[c], &body)
         })
         .collect();
+    let sent = send_interleaved(rec, &reqs, &names, n, &a).await;
+    if stop_if_unsent(rec, &sent) {
+        return;
+    }
+    let mine = |c: usize| -> Vec<&Response> {
+        sent.iter()
+            .skip(c)
+            .step_by(2)
+            .filter_map(|s| s.as_ref().ok())
+            .collect()
+    };
+    let (alice, bob) = (mine(0), mine(1));
+    if alice.len() + bob.len() < sent.len() {
+        rec.stop(
+            idem_spec::report::Verdict::Inconclusive,
+            "some requests got no answer",
+        );
+    }
+    for (c, answers) in [(0usize, &alice), (1usize, &bob)] {
+        let side = Side {
+            c,
+            who: &names[c],
+            them: &names[1 - c],
+            answers,
+            other: if c == 0 { &bob } else { &alice },
+            own_marker: &markers[c],
+            their_marker: &markers[1 - c],
+        };
+        judge_side(rec, n, &side).await;
+    }
+}
+
+/// The two callers' copies, interleaved and released together, recorded
+/// as one label range per caller.
+async fn send_interleaved(
+    rec: &mut Rec,
+    reqs: &[Request],
+    names: &[String; 2],
+    n: usize,
+    a: &str,
+) -> Vec<Sent> {
     let mut batch = Vec::with_capacity(2 * n);
     for _ in 0..n {
         batch.push(reqs[0].clone());
@@ -407,119 +455,137 @@ async fn two_callers(rec: &mut Rec) {
         names[1],
         tally_sent(&sent)
     ));
-    if stop_if_unsent(rec, &sent) {
-        return;
+    sent
+}
+
+/// One caller's side of a two-caller race: its answers, the other's, and
+/// both operations' markers.
+struct Side<'a> {
+    c: usize,
+    who: &'a str,
+    them: &'a str,
+    answers: &'a [&'a Response],
+    other: &'a [&'a Response],
+    own_marker: &'a str,
+    their_marker: &'a str,
+}
+
+/// Whether one caller got the other's response, proved by the other
+/// operation's marker; checked, and headlined when it did.
+fn check_no_leak(rec: &mut Rec, s: &Side<'_>) -> bool {
+    let Side {
+        who,
+        them,
+        answers,
+        other,
+        ..
+    } = *s;
+    // A leak is proved by the other operation's marker in the answer
+    // (the markers differ), not by equal bytes alone.
+    let leaked: Vec<&Response> = answers
+        .iter()
+        .copied()
+        .filter(|r| {
+            (200..300).contains(&r.status)
+                && other.iter().any(|o| o.same_payload(r))
+                && String::from_utf8_lossy(&r.body).contains(s.their_marker)
+        })
+        .collect();
+    rec.check(
+        clause!("idem.scope.caller"),
+        leaked.is_empty(),
+        format!("{who}: never the other caller's response"),
+        format!(
+            "{} answer(s) that are the other caller's response",
+            leaked.len()
+        ),
+    );
+    if let Some(r) = leaked.first() {
+        let ids = other
+            .iter()
+            .find(|o| o.same_payload(r))
+            .map_or(String::new(), |o| rec.ctx.dialect().ids_side_by_side(r, o));
+        rec.headline(format!(
+            "{who} got {} response(s) of {them}, racing with the same key: they carry {them}'s marker {:?}{ids}",
+            leaked.len(),
+            s.their_marker
+        ));
     }
-    let mine = |c: usize| -> Vec<&Response> {
-        sent.iter()
-            .skip(c)
-            .step_by(2)
-            .filter_map(|s| s.as_ref().ok())
-            .collect()
-    };
-    let (alice, bob) = (mine(0), mine(1));
-    if alice.len() + bob.len() < sent.len() {
-        rec.stop(
-            idem_spec::report::Verdict::Inconclusive,
-            "some requests got no answer",
-        );
-    }
-    for (c, answers) in [(0usize, &alice), (1usize, &bob)] {
-        let other: &Vec<&Response> = if c == 0 { &bob } else { &alice };
-        let who = &names[c];
-        let them = &names[1 - c];
-        // A leak is proved by the other operation's marker in the answer
-        // (the markers differ), not by equal bytes alone.
-        let leaked: Vec<&Response> = answers
-            .iter()
-            .copied()
-            .filter(|r| {
-                (200..300).contains(&r.status)
-                    && other.iter().any(|o| o.same_payload(r))
-                    && String::from_utf8_lossy(&r.body).contains(markers[1 - c].as_str())
-            })
-            .collect();
-        rec.check(
-            clause!("idem.scope.caller"),
-            leaked.is_empty(),
-            format!("{who}: never the other caller's response"),
+    !leaked.is_empty()
+}
+
+/// Judges one caller's answers in a two-caller race: never the other
+/// caller's response, not refused or blocked because of the other's use
+/// of the key, and one effect of its own operation.
+async fn judge_side(rec: &mut Rec, n: usize, s: &Side<'_>) {
+    let Side {
+        c,
+        who,
+        them,
+        answers,
+        ..
+    } = *s;
+    let leaked = check_no_leak(rec, s);
+    // Refused because the other caller held or used the key: a
+    // mismatch, or an in-use refusal while no copy of this caller's own
+    // operation ran (the in-flight lock is not scoped by caller).
+    let mismatches = answers
+        .iter()
+        .filter(|r| rec.ctx.dialect().is(r, ErrorCode::IdempotencyKeyMismatch))
+        .count();
+    let executed_own = answers.iter().any(|r| rec.ctx.dialect().executed(r, None));
+    let in_use = answers
+        .iter()
+        .filter(|r| r.status == 409 || rec.ctx.dialect().is(r, ErrorCode::IdempotencyKeyInUse))
+        .count();
+    rec.check_as(
+        clause!("idem.scope.caller"),
+        Consequence::Behaviour,
+        mismatches == 0,
+        format!("{who}: no mismatch caused by the other caller's use of the key"),
+        format!("{mismatches} mismatch answer(s)"),
+    );
+    let blocked = !executed_own && in_use > 0;
+    rec.check_as(
+        clause!("idem.scope.caller"),
+        Consequence::Behaviour,
+        !blocked,
+        format!(
+            "{who}: the other caller's request in flight does not block this one (its own operation runs)"
+        ),
+        if blocked {
             format!(
-                "{} answer(s) that are the other caller's response",
-                leaked.len()
-            ),
-        );
-        if let Some(r) = leaked.first() {
-            let ids = other
-                .iter()
-                .find(|o| o.same_payload(r))
-                .map_or(String::new(), |o| rec.ctx.dialect().ids_side_by_side(r, o));
-            rec.headline(format!(
-                "{who} got {} response(s) of {them}, racing with the same key: they carry {them}'s marker {:?}{ids}",
-                leaked.len(),
-                markers[1 - c]
-            ));
-        }
-        // Refused because the other caller held or used the key: a
-        // mismatch, or an in-use refusal while no copy of this caller's own
-        // operation ran (the in-flight lock is not scoped by caller).
-        let mismatches = answers
-            .iter()
-            .filter(|r| rec.ctx.dialect().is(r, ErrorCode::IdempotencyKeyMismatch))
-            .count();
-        let executed_own = answers.iter().any(|r| rec.ctx.dialect().executed(r, None));
-        let in_use = answers
-            .iter()
-            .filter(|r| r.status == 409 || rec.ctx.dialect().is(r, ErrorCode::IdempotencyKeyInUse))
-            .count();
-        rec.check_as(
-            clause!("idem.scope.caller"),
-            Consequence::Behaviour,
-            mismatches == 0,
-            format!("{who}: no mismatch caused by the other caller's use of the key"),
-            format!("{mismatches} mismatch answer(s)"),
-        );
-        let blocked = !executed_own && in_use > 0;
-        rec.check_as(
-            clause!("idem.scope.caller"),
-            Consequence::Behaviour,
-            !blocked,
-            format!(
-                "{who}: the other caller's request in flight does not block this one (its own operation runs)"
-            ),
-            if blocked {
-                format!(
-                    "none of {who}'s {n} copies ran; {in_use} refused as in flight while {them}'s request ran"
-                )
-            } else {
-                format!("{who}'s operation ran")
-            },
-        );
-        // When the other caller's use of the key shaped these answers, a
-        // wrong effect count is that scoping failure (safety if a response
-        // leaked, semantics if the caller was only refused), not a race.
-        let (clause, seen) = if !leaked.is_empty() {
-            (clause!("idem.scope.caller"), Consequence::CrossCaller)
-        } else if mismatches > 0 || blocked {
-            (clause!("idem.scope.caller"), Consequence::Behaviour)
-        } else {
-            (
-                clause!("idem.concurrency.single-effect"),
-                Consequence::SecondEffect,
+                "none of {who}'s {n} copies ran; {in_use} refused as in flight while {them}'s request ran"
             )
-        };
-        rec.check_effects_as(
-            clause,
-            seen,
-            c,
-            &markers[c],
-            answers,
-            1,
-            &format!(
-                "{n} concurrent copies of {who}'s operation, sharing a key with the other caller's"
-            ),
+        } else {
+            format!("{who}'s operation ran")
+        },
+    );
+    // When the other caller's use of the key shaped these answers, a
+    // wrong effect count is that scoping failure (safety if a response
+    // leaked, semantics if the caller was only refused), not a race.
+    let (clause, seen) = if leaked {
+        (clause!("idem.scope.caller"), Consequence::CrossCaller)
+    } else if mismatches > 0 || blocked {
+        (clause!("idem.scope.caller"), Consequence::Behaviour)
+    } else {
+        (
+            clause!("idem.concurrency.single-effect"),
+            Consequence::SecondEffect,
         )
-        .await;
-    }
+    };
+    rec.check_effects_as(
+        clause,
+        seen,
+        c,
+        s.own_marker,
+        answers,
+        1,
+        &format!(
+            "{n} concurrent copies of {who}'s operation, sharing a key with the other caller's"
+        ),
+    )
+    .await;
 }
 
 #[cfg(test)]

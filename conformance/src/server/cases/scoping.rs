@@ -72,65 +72,11 @@ async fn other_caller(rec: &mut Rec) {
         return;
     };
     let a = rec.alias(&key);
-    // Bob, same key, his own operation.
-    let bob_marker = rec.ctx.marker();
-    let bob_body = rec.ctx.body(1, &bob_marker);
-    let bob_req = rec.ctx.op(1, Some(&key), &bob_marker, &bob_body);
-    let Some(b1) = rec
-        .send(&format!("{bob} sends its own operation with {a}"), &bob_req)
-        .await
+    let Some((b1, bob_marker)) =
+        bob_own_operation(rec, &key, &a, &alice_first, &alice_marker).await
     else {
         return;
     };
-    let Some(proof) = leaked(rec, 1, &bob_marker, 0, &b1, (&alice_first, &alice_marker)).await
-    else {
-        return;
-    };
-    let leak = proof.is_some();
-    rec.check(
-        clause!("idem.scope.caller"),
-        !leak,
-        format!("never {alice}'s stored response"),
-        match &proof {
-            Some(p) => format!("{}: {alice}'s response ({p})", b1.summary()),
-            None => b1.summary(),
-        },
-    );
-    rec.headline(format!(
-        "{bob}, sending {alice}'s key with his own operation, got {alice}'s stored response: {}",
-        proof.as_deref().unwrap_or("")
-    ));
-    if !leak {
-        rec.check_as(
-            clause!("idem.scope.caller"),
-            Consequence::Behaviour,
-            rec.ctx.dialect().executed(&b1, Some(&alice_first)),
-            format!(
-                "a fresh execution of {bob}'s operation: {alice}'s key does not block or refuse it"
-            ),
-            b1.summary(),
-        );
-    }
-    rec.check_effects_as(
-        clause!("idem.scope.caller"),
-        Consequence::Behaviour,
-        1,
-        &bob_marker,
-        &[&b1],
-        1,
-        &format!("{bob}'s operation executes once"),
-    )
-    .await;
-    rec.check_effects_as(
-        clause!("idem.scope.caller"),
-        Consequence::Behaviour,
-        0,
-        &alice_marker,
-        &[&alice_first],
-        1,
-        &format!("{alice}'s operation executed once"),
-    )
-    .await;
     // Alice again: her own stored response, never bob's.
     let Some(a2) = rec
         .send(&format!("{alice} resends R1 with {a}"), &alice_req)
@@ -157,6 +103,81 @@ async fn other_caller(rec: &mut Rec) {
     if !leak {
         check_replay(rec, &alice_first, &a2, &format!("{alice}'s own replay"));
     }
+    bob_sends_alices_request(rec).await;
+}
+
+/// Bob sends his own operation with the key alice used: a fresh execution
+/// of his, never alice's stored response, one effect each. Returns his
+/// answer and marker, `None` when the case stopped.
+async fn bob_own_operation(
+    rec: &mut Rec,
+    key: &str,
+    a: &str,
+    alice_first: &Response,
+    alice_marker: &str,
+) -> Option<(Response, String)> {
+    let (alice, bob) = (rec.ctx.name(0).to_owned(), rec.ctx.name(1).to_owned());
+    // Bob, same key, his own operation.
+    let bob_marker = rec.ctx.marker();
+    let bob_body = rec.ctx.body(1, &bob_marker);
+    let bob_req = rec.ctx.op(1, Some(key), &bob_marker, &bob_body);
+    let b1 = rec
+        .send(&format!("{bob} sends its own operation with {a}"), &bob_req)
+        .await?;
+    let proof = leaked(rec, 1, &bob_marker, 0, &b1, (alice_first, alice_marker)).await?;
+    let leak = proof.is_some();
+    rec.check(
+        clause!("idem.scope.caller"),
+        !leak,
+        format!("never {alice}'s stored response"),
+        match &proof {
+            Some(p) => format!("{}: {alice}'s response ({p})", b1.summary()),
+            None => b1.summary(),
+        },
+    );
+    rec.headline(format!(
+        "{bob}, sending {alice}'s key with his own operation, got {alice}'s stored response: {}",
+        proof.as_deref().unwrap_or("")
+    ));
+    if !leak {
+        rec.check_as(
+            clause!("idem.scope.caller"),
+            Consequence::Behaviour,
+            rec.ctx.dialect().executed(&b1, Some(alice_first)),
+            format!(
+                "a fresh execution of {bob}'s operation: {alice}'s key does not block or refuse it"
+            ),
+            b1.summary(),
+        );
+    }
+    rec.check_effects_as(
+        clause!("idem.scope.caller"),
+        Consequence::Behaviour,
+        1,
+        &bob_marker,
+        &[&b1],
+        1,
+        &format!("{bob}'s operation executes once"),
+    )
+    .await;
+    rec.check_effects_as(
+        clause!("idem.scope.caller"),
+        Consequence::Behaviour,
+        0,
+        alice_marker,
+        &[alice_first],
+        1,
+        &format!("{alice}'s operation executed once"),
+    )
+    .await;
+    Some((b1, bob_marker))
+}
+
+/// Bob sends alice's exact bytes (his credentials) with a second key alice
+/// has used: whatever his answer is, it is not hers, and not a key
+/// conflict caused by her.
+async fn bob_sends_alices_request(rec: &mut Rec) {
+    let (alice, bob) = (rec.ctx.name(0).to_owned(), rec.ctx.name(1).to_owned());
     // Bob sends alice's exact bytes (his credentials) with a second key that
     // alice has used: whatever bob's answer is, it is not alice's.
     let key2 = rec.ctx.key();
