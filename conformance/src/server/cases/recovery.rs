@@ -9,7 +9,7 @@ use idem_spec::report::Verdict;
 
 use super::inflight::ATTEMPTS;
 use crate::server::case::{Aim, Case, HOLD, Need, Rec, alone};
-use crate::server::http::Response;
+use crate::server::http::{Request, Response};
 
 /// The cases of this family.
 pub fn cases() -> Vec<Case> {
@@ -284,26 +284,10 @@ async fn takeover(rec: &mut Rec) {
         {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        // Wait until the original is visibly in flight (bounded).
-        let mut in_flight = false;
-        let mut overtaken = false;
-        for _ in 0..40 {
-            let Some(r) = rec
-                .send(&format!("{name} probes {a} while {label} is held"), &req)
-                .await
-            else {
-                return;
-            };
-            if r.status == 409 {
-                in_flight = true;
-                break;
-            }
-            if (200..300).contains(&r.status) {
-                overtaken = !r.replayed();
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let Some((in_flight, overtaken)) = probe_in_flight(rec, &req, &name, &a, &label).await
+        else {
+            return;
+        };
         if !in_flight {
             let _ = rec.ctx.finish_held(original).await;
             if overtaken && attempt < ATTEMPTS {
@@ -321,36 +305,9 @@ async fn takeover(rec: &mut Rec) {
             );
             return;
         }
-        // The 409 may have come before the held request committed its
-        // progress (and started its lease), so the lease can start after a
-        // clock move: move again while the answer is 409 (bounded; the held
-        // request stays held, so its lease must run out).
-        let lease = idem_spec::policy::DEFAULT_LEASE_SECS * 2;
-        let mut r2 = None;
-        for _ in 0..3 {
-            if let Err(e) = rec.ctx.advance_clock(lease).await {
-                rec.stop(Verdict::Error, e);
-                return;
-            }
-            rec.note(format!(
-                "the target's clock is advanced by {lease} s, past the lease"
-            ));
-            let Some(r) = rec
-                .send(
-                    &format!("{name} retries with {a} after the lease expired"),
-                    &req,
-                )
-                .await
-            else {
-                return;
-            };
-            let again = r.status == 409;
-            r2 = Some(r);
-            if !again {
-                break;
-            }
-        }
-        let Some(r2) = r2 else { return };
+        let Some(r2) = retry_past_lease(rec, &req, &name, &a).await else {
+            return;
+        };
         rec.check(
             clause!("idem.lease.takeover"),
             (200..300).contains(&r2.status),
@@ -374,4 +331,62 @@ async fn takeover(rec: &mut Rec) {
         .await;
         return;
     }
+}
+
+/// Sends the same request while the original is held until the target
+/// shows it in flight (a 409), at most 40 times. `None` when the case
+/// stopped; else whether it was seen in flight, and whether a probe was
+/// executed instead (it reached the target first: the held request was
+/// the duplicate).
+async fn probe_in_flight(
+    rec: &mut Rec,
+    req: &Request,
+    name: &str,
+    a: &str,
+    label: &str,
+) -> Option<(bool, bool)> {
+    for _ in 0..40 {
+        let r = rec
+            .send(&format!("{name} probes {a} while {label} is held"), req)
+            .await?;
+        if r.status == 409 {
+            return Some((true, false));
+        }
+        if (200..300).contains(&r.status) {
+            return Some((false, !r.replayed()));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Some((false, false))
+}
+
+/// Moves the target's clock past the lease and retries; the 409 may have
+/// come before the held request committed its progress (and started its
+/// lease), so the lease can start after a clock move: move again while the
+/// answer is 409 (at most three times; the held request stays held, so its
+/// lease must run out). `None` when the case stopped.
+async fn retry_past_lease(rec: &mut Rec, req: &Request, name: &str, a: &str) -> Option<Response> {
+    let lease = idem_spec::policy::DEFAULT_LEASE_SECS * 2;
+    let mut r2 = None;
+    for _ in 0..3 {
+        if let Err(e) = rec.ctx.advance_clock(lease).await {
+            rec.stop(Verdict::Error, e);
+            return None;
+        }
+        rec.note(format!(
+            "the target's clock is advanced by {lease} s, past the lease"
+        ));
+        let r = rec
+            .send(
+                &format!("{name} retries with {a} after the lease expired"),
+                req,
+            )
+            .await?;
+        let again = r.status == 409;
+        r2 = Some(r);
+        if !again {
+            break;
+        }
+    }
+    r2
 }
