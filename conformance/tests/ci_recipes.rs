@@ -66,14 +66,13 @@ fn ci_value(expr: &str, staging: &str) -> String {
 }
 
 fn run(dir: &Path, command: &str, env: &[(String, String)]) -> std::process::Output {
-    let out = Command::new("bash")
+    Command::new("bash")
         .arg("-c")
         .arg(command)
         .current_dir(dir)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .output()
-        .expect("bash");
-    out
+        .expect("bash")
 }
 
 fn check_reports(dir: &Path) {

@@ -113,3 +113,54 @@ fn the_books_example_manifest_and_the_init_template_both_list() {
 fn demo_root() -> std::path::PathBuf {
     idem_conformance::server::demo::workspace_root()
 }
+
+/// The kit chapter's TOML snippets are manifest parts the kit accepts: each
+/// merged into the chapter's example manifest loads.
+#[test]
+fn every_toml_snippet_of_the_kits_chapter_is_a_valid_manifest_part() {
+    let book = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../book/src");
+    let chapter = std::fs::read_to_string(book.join("conformance.md")).expect("chapter");
+    let example = std::fs::read_to_string(book.join("examples/manifest.toml")).expect("example");
+    let base: toml::Table = toml::from_str(&example).expect("the example is TOML");
+    let mut checked = 0;
+    for block in chapter.split("```toml").skip(1) {
+        let text = block.split("```").next().unwrap_or_default();
+        if text.contains("{{#include") {
+            continue;
+        }
+        let part: toml::Table =
+            toml::from_str(&dedent(text)).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let mut merged = base.clone();
+        merge(&mut merged, part);
+        let text = toml::to_string(&merged).expect("toml");
+        manifest::parse(&text, "book snippet").unwrap_or_else(|e| panic!("{e}\n{text}"));
+        checked += 1;
+    }
+    assert!(checked >= 4, "only {checked} snippets found");
+}
+
+fn dedent(text: &str) -> String {
+    let indent = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.len() - l.trim_start().len())
+        .min()
+        .unwrap_or(0);
+    text.lines()
+        .map(|l| l.get(indent..).unwrap_or("").to_owned())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn merge(into: &mut toml::Table, part: toml::Table) {
+    for (k, v) in part {
+        match (into.get_mut(&k), v) {
+            (Some(toml::Value::Table(a)), toml::Value::Table(b)) => merge(a, b),
+            // [[endpoints]] in a snippet adds to the example's.
+            (Some(toml::Value::Array(a)), toml::Value::Array(b)) => a.extend(b),
+            (_, v) => {
+                into.insert(k, v);
+            }
+        }
+    }
+}
