@@ -563,7 +563,10 @@ mod tests {
         let a = s.attempts();
         assert_eq!(a.len(), 2);
         assert_eq!(a[0].body, r#"{"a":1}"#);
-        assert_eq!(a[0].key().as_deref(), Some("k-1"));
+        assert_eq!(
+            crate::record::KeySource::default().key(&a[0]).as_deref(),
+            Some("k-1")
+        );
         assert_eq!((a[0].conn, a[1].conn), (1, 1));
         assert_eq!(a[1].answer, Answer::Success { code: 201 });
     }
