@@ -450,13 +450,21 @@ fn judge_hint(r: &RunRecord, i: usize, first: Duration, lim: &Limits) -> Option<
         ),
         // It never retried: nothing shows whether it would have waited.
         (None, false) => return None,
-        (Some(n), true) => (
-            false,
-            format!(
-                "retried {} after a hint that lands past its deadline, instead of stopping",
-                secs(n.at.saturating_sub(answered))
-            ),
-        ),
+        (Some(n), true) => {
+            let honoured = n.at + tol >= floor;
+            if honoured && deadline_breach(r, lim).is_some() {
+                // It waited the hint out, as a floor, past a deadline it
+                // does not have: the deadline's finding, counted there.
+                return None;
+            }
+            (
+                honoured,
+                format!(
+                    "retried {} after a hint that lands past its deadline, instead of stopping",
+                    secs(n.at.saturating_sub(answered))
+                ),
+            )
+        }
         (None, true) => {
             if deadline_breach(r, lim).is_some() {
                 // It waited for the hint, as a floor, and had no deadline

@@ -454,6 +454,30 @@ fn verdicts_over_recorded_attempts() {
             vec![("idem.client.retry-after", Some((Fail, semantics)))],
         ),
         (
+            "a date hint past a short deadline waited out, retried past the deadline: counted once",
+            "retry-after.429-date",
+            rec(
+                vec![
+                    hinted(
+                        att(0, k, status(429)),
+                        "Wed, 02 Dec 2026 10:00:04 GMT",
+                        4000,
+                    ),
+                    att(4004, k, SUCCESS),
+                ],
+                ok(),
+                4020,
+            ),
+            Limits {
+                deadline: Duration::from_secs(3),
+                ..lim()
+            },
+            vec![
+                ("idem.client.retry-after", None),
+                ("idem.client.deadline", Some((Fail, semantics))),
+            ],
+        ),
+        (
             "the deadline met within its tolerance",
             "limits.hang",
             rec(
