@@ -327,3 +327,94 @@ fn a_planted_secret_appears_in_no_output_and_no_report_file() {
         "the stderr line, redacted"
     );
 }
+
+/// The `run:` script and the `env:` names of the step called `name` in a
+/// workflow file as simple as the kit's recipe: a step's keys indented
+/// under its `- name:` line, a `run: |` block more indented still.
+fn workflow_step(yaml: &str, name: &str) -> (String, Vec<(String, String)>) {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.trim() == format!("- name: {name}"))
+        .unwrap_or_else(|| panic!("no step {name:?}"));
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let step_indent = indent(lines[start]);
+    let body: Vec<&str> = lines[start + 1..]
+        .iter()
+        .take_while(|l| l.trim().is_empty() || indent(l) > step_indent)
+        .copied()
+        .collect();
+    let (mut run, mut env) = (String::new(), Vec::new());
+    let mut i = 0;
+    while i < body.len() {
+        let t = body[i].trim();
+        if t == "run: |" {
+            let block = indent(body[i]);
+            i += 1;
+            while i < body.len() && (body[i].trim().is_empty() || indent(body[i]) > block) {
+                run.push_str(body[i].trim());
+                run.push('\n');
+                i += 1;
+            }
+            continue;
+        }
+        if t == "env:" {
+            let block = indent(body[i]);
+            i += 1;
+            while i < body.len() && indent(body[i]) > block {
+                let (k, v) = body[i].trim().split_once(':').expect("key: value");
+                env.push((k.trim().to_owned(), v.trim().to_owned()));
+                i += 1;
+            }
+            continue;
+        }
+        i += 1;
+    }
+    (run, env)
+}
+
+#[test]
+fn the_ci_recipe_runs_as_written() {
+    let yaml = include_str!("../ci/sdk-github-actions.yml");
+    let (run, env) = workflow_step(yaml, "check the SDK's retries");
+    assert!(run.starts_with("idem-conformance client "), "{run}");
+    // Every env value is a repository variable or a secret; the test is the
+    // repository, and gives them values (the install step is this build).
+    const SECRET: &str = "sk_test_PLANTED_ci_secret_2026";
+    let call = format!(
+        r#"{KEYED} -H "Authorization: Bearer $SDK_API_KEY" || {{ echo "failed with $SDK_API_KEY" >&2; exit 22; }}"#
+    );
+    let value = |expr: &str| match expr {
+        "${{ vars.SDK_CALL }}" => call.clone(),
+        "${{ vars.SDK_DEADLINE }}" => "3".to_owned(),
+        "${{ secrets.SDK_API_KEY }}" => SECRET.to_owned(),
+        other => panic!("the test has no value for {other}"),
+    };
+    let workspace = out_dir();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_idem-conformance"))
+        .parent()
+        .expect("bin dir")
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // GitHub runs a `run:` block as `bash -e {0}`.
+    let o = Command::new("bash")
+        .args(["-e", "-c", &run])
+        .current_dir(&workspace)
+        .env("PATH", path)
+        .envs(env.iter().map(|(k, v)| (k.clone(), value(v))))
+        .output()
+        .expect("bash runs");
+    let all = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{all}");
+    assert!(all.contains("result: CONFORMS"), "{all}");
+    let report = workspace.join("idem-client-report");
+    for f in ["junit.xml", "report.json", "report.html"] {
+        let body = std::fs::read_to_string(report.join(f)).expect("the step's report");
+        assert!(!body.contains(SECRET), "the secret in {f}");
+    }
+    assert!(!all.contains(SECRET), "the secret in the output");
+}
