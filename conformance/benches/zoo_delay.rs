@@ -56,6 +56,7 @@ async fn measure(
             only: None,
             progress: false,
             artifacts_dir: Some(std::env::temp_dir()),
+            strict: false,
         },
     )
     .await

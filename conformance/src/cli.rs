@@ -3,11 +3,11 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
-use idem_spec::report::Report;
 
+use crate::Error;
+pub use crate::output::{Outputs, emit};
 use crate::server::manifest::{self, Loaded};
 use crate::server::runner::{self, Options};
-use crate::Error;
 use idem_conformance_core::{EXIT_CONFORMS, EXIT_HARNESS, EXIT_UNSAFE};
 
 /// Checks an HTTP API against the idempotency contract, black-box.
@@ -17,47 +17,6 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
-}
-
-/// Where a run's artefacts go: one directory holding the reports
-/// (`report.html`, `report.json`, `junit.xml`), any counterexample and, for
-/// the demo, the manifest it wrote. `--html`, `--json` and `--junit` write
-/// an extra copy where you say.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Outputs {
-    /// The directory for every file the run writes (created if missing).
-    #[arg(long, alias = "artifacts-dir", default_value = "idem-report")]
-    pub out_dir: PathBuf,
-    /// Also write the self-contained HTML report here.
-    #[arg(long)]
-    pub html: Option<PathBuf>,
-    /// Also write the JSON report here (schema: spec/generated/schemas/Report.schema.json).
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Also write the JUnit XML report here.
-    #[arg(long)]
-    pub junit: Option<PathBuf>,
-}
-
-impl Outputs {
-    /// Everything under `dir`, no extra copies.
-    pub fn in_dir(dir: impl Into<PathBuf>) -> Self {
-        Self {
-            out_dir: dir.into(),
-            html: None,
-            json: None,
-            junit: None,
-        }
-    }
-
-    /// Creates the output directory.
-    pub fn prepare(&self) -> Result<&Path, Error> {
-        std::fs::create_dir_all(&self.out_dir).map_err(|source| Error::Io {
-            path: self.out_dir.clone(),
-            source,
-        })?;
-        Ok(&self.out_dir)
-    }
 }
 
 /// The subcommands.
@@ -95,6 +54,10 @@ pub enum Command {
         /// Use this base URL instead of the manifest's.
         #[arg(long)]
         base_url: Option<String>,
+        /// Also fail (DEVIATES, exit 3) on non-strict findings: a missed
+        /// SHOULD or MAY.
+        #[arg(long)]
+        strict: bool,
         /// Reports.
         #[command(flatten)]
         out: Outputs,
@@ -112,11 +75,18 @@ pub enum Command {
         /// Where to write it.
         #[arg(default_value = "idem-target.toml")]
         path: PathBuf,
-        /// Seed the manifest from this OpenAPI 3.x document (JSON): every
-        /// operation declaring an Idempotency-Key header becomes an
-        /// endpoint, security schemes become caller headers to fill in.
-        #[arg(long, value_name = "FILE")]
-        from_openapi: Option<PathBuf>,
+        /// Seed the manifest from this OpenAPI 3.x document, a file or an
+        /// http(s) URL, JSON or YAML: every operation declaring an
+        /// Idempotency-Key header (or named by --keyed) becomes an endpoint,
+        /// security schemes become caller headers to fill in, the key
+        /// header's schema (format uuid, maxLength) the [key] grammar.
+        #[arg(long, value_name = "FILE_OR_URL")]
+        from_openapi: Option<String>,
+        /// Treat this operation as keyed though the document does not
+        /// declare the header (a middleware reading it): `METHOD /path` as
+        /// in the document, or an operationId. Repeatable.
+        #[arg(long, value_name = "OPERATION", requires = "from_openapi")]
+        keyed: Vec<String>,
     },
     /// Check a client or SDK: run COMMAND once per scenario against a
     /// fault-injecting API at $IDEM_BASE_URL and judge its retries against
@@ -152,6 +122,10 @@ pub enum Command {
         /// e.g. /idempotency_key.
         #[arg(long, value_name = "POINTER")]
         key_pointer: Option<String>,
+        /// Also fail (DEVIATES, exit 3) on non-strict findings: a missed
+        /// SHOULD, such as no jitter or no attempt cap.
+        #[arg(long)]
+        strict: bool,
         /// Reports.
         #[command(flatten)]
         out: Outputs,
@@ -200,46 +174,15 @@ pub async fn execute(cli: Cli) -> i32 {
             flaw,
             profile,
             out,
-        } => match out.prepare() {
-            Ok(dir) => {
-                crate::server::demo::run(
-                    Options {
-                        seed,
-                        only,
-                        progress: true,
-                        artifacts_dir: Some(dir.to_owned()),
-                    },
-                    flaw,
-                    profile,
-                    &out,
-                )
-                .await
-            }
-            Err(e) => Err(e),
-        },
+        } => demo_command(seed, only, flaw, profile, &out).await,
         Command::Run {
             target,
             seed,
             only,
             base_url,
+            strict,
             out,
-        } => match out.prepare() {
-            Ok(dir) => {
-                run(
-                    &target,
-                    base_url,
-                    Options {
-                        seed,
-                        only,
-                        progress: true,
-                        artifacts_dir: Some(dir.to_owned()),
-                    },
-                    &out,
-                )
-                .await
-            }
-            Err(e) => Err(e),
-        },
+        } => run_command(&target, seed, only, base_url, strict, &out).await,
         Command::List { target } => list(&target).map(|s| {
             print!("{s}");
             EXIT_CONFORMS
@@ -247,27 +190,13 @@ pub async fn execute(cli: Cli) -> i32 {
         Command::Init {
             path,
             from_openapi: Some(doc),
-        } => init_from_openapi(&path, &doc).map(|notes| {
-            println!(
-                "wrote {} from {}; {} thing(s) to fill in (marked TODO in the file), then: idem-conformance list --target {}",
-                path.display(),
-                doc.display(),
-                notes,
-                path.display()
-            );
-            EXIT_CONFORMS
-        }),
+            keyed,
+        } => init_seeded_command(&path, &doc, &keyed).await,
         Command::Init {
             path,
             from_openapi: None,
-        } => init(&path).map(|()| {
-            println!(
-                "wrote {}; edit it, then: idem-conformance list --target {}",
-                path.display(),
-                path.display()
-            );
-            EXIT_CONFORMS
-        }),
+            ..
+        } => init_template_command(&path),
         Command::Replay {
             file,
             target,
@@ -282,6 +211,7 @@ pub async fn execute(cli: Cli) -> i32 {
             only,
             key_header,
             key_pointer,
+            strict,
             out,
         } => match idem_conformance_client::KeySource::new(
             Some(&key_header),
@@ -298,6 +228,7 @@ pub async fn execute(cli: Cli) -> i32 {
                         success_body,
                         progress: true,
                         keys,
+                        strict,
                         ..idem_conformance_client::ClientOptions::default()
                     },
                     &out,
@@ -311,6 +242,68 @@ pub async fn execute(cli: Cli) -> i32 {
         eprintln!("idem-conformance: {e}");
         EXIT_HARNESS
     })
+}
+
+/// The options of a server check run from the command line: progress on,
+/// artifacts next to the reports.
+fn cli_options(seed: Option<u64>, only: Option<String>, strict: bool, dir: &Path) -> Options {
+    Options {
+        seed,
+        only,
+        progress: true,
+        artifacts_dir: Some(dir.to_owned()),
+        strict,
+    }
+}
+
+/// The `demo` subcommand: the reference server, started and checked.
+async fn demo_command(
+    seed: Option<u64>,
+    only: Option<String>,
+    flaw: Option<String>,
+    profile: idem_spec::Profile,
+    out: &Outputs,
+) -> Result<i32, Error> {
+    let dir = out.prepare()?;
+    crate::server::demo::run(cli_options(seed, only, false, dir), flaw, profile, out).await
+}
+
+/// The `run` subcommand: the target a manifest describes.
+async fn run_command(
+    target: &Path,
+    seed: Option<u64>,
+    only: Option<String>,
+    base_url: Option<String>,
+    strict: bool,
+    out: &Outputs,
+) -> Result<i32, Error> {
+    let dir = out.prepare()?;
+    run(target, base_url, cli_options(seed, only, strict, dir), out).await
+}
+
+/// `init --from-openapi`: a manifest seeded from the document.
+async fn init_seeded_command(path: &Path, doc: &str, keyed: &[String]) -> Result<i32, Error> {
+    let text = read_document(doc).await?;
+    let notes = init_from_openapi_text(path, &text, doc, keyed)?;
+    println!(
+        "wrote {} from {doc}; {} thing(s) to fill in (marked TODO in the file; every {} value must be filled in or its line deleted before a run), then: idem-conformance list --target {}",
+        path.display(),
+        notes,
+        crate::server::openapi::FILL_ME,
+        path.display()
+    );
+    Ok(EXIT_CONFORMS)
+}
+
+/// Plain `init`: the commented template.
+fn init_template_command(path: &Path) -> Result<i32, Error> {
+    init(path)?;
+    println!(
+        "wrote {}; edit it, then: idem-conformance list --target {}",
+        path.display(),
+        path.display()
+    );
+    Ok(EXIT_CONFORMS)
 }
 
 /// The `client` subcommand: checks the command, prints and writes the
@@ -368,6 +361,9 @@ pub fn load_with(target: &Path, base_url: Option<String>) -> Result<Loaded, Erro
         loaded.manifest.target.base_url = u;
         manifest::validate(&loaded.manifest)?;
     }
+    for w in &loaded.warnings {
+        eprintln!("idem-conformance: warning: {}: {w}", target.display());
+    }
     Ok(loaded)
 }
 
@@ -389,37 +385,6 @@ async fn run(
         }
         Err(e) => Err(e),
     }
-}
-
-/// Prints the console report and writes every report into the output
-/// directory (and any extra copy asked for); returns the report's exit code.
-pub fn emit(report: &Report, out: &Outputs) -> Result<i32, Error> {
-    print!("{}", idem_conformance_core::report::console::render(report));
-    let dir = out.prepare()?;
-    let write = |p: &Path, s: &str| {
-        std::fs::write(p, s).map_err(|source| Error::Io {
-            path: p.to_owned(),
-            source,
-        })
-    };
-    let html = idem_conformance_core::report::html::render(report);
-    let json = idem_conformance_core::report::json(report)?;
-    let junit = idem_conformance_core::report::junit::render(report)?;
-    for (name, text, extra) in [
-        ("report.html", &html, &out.html),
-        ("report.json", &json, &out.json),
-        ("junit.xml", &junit, &out.junit),
-    ] {
-        write(&dir.join(name), text)?;
-        if let Some(p) = extra {
-            write(p, text)?;
-        }
-    }
-    println!(
-        "reports: {} (report.html, report.json, junit.xml)",
-        dir.display()
-    );
-    Ok(report.summary.exit_code)
 }
 
 /// The plan as text: one block per case.
@@ -489,6 +454,51 @@ pub fn init(path: &Path) -> Result<(), Error> {
 /// Writes a manifest seeded from an OpenAPI document; refuses to
 /// overwrite. Returns how many notes (things to fill in) it wrote.
 pub fn init_from_openapi(path: &Path, doc: &Path) -> Result<usize, Error> {
+    let text = std::fs::read_to_string(doc).map_err(|source| Error::Io {
+        path: doc.to_owned(),
+        source,
+    })?;
+    init_from_openapi_text(path, &text, &doc.display().to_string(), &[])
+}
+
+/// An OpenAPI document from a file or an http(s) URL (as a service serves
+/// it, e.g. FastAPI's `/openapi.json`), bounded to 30 s and 16 MiB.
+pub async fn read_document(doc: &str) -> Result<String, Error> {
+    if !(doc.starts_with("http://") || doc.starts_with("https://")) {
+        return std::fs::read_to_string(doc).map_err(|source| Error::Io {
+            path: doc.into(),
+            source,
+        });
+    }
+    let fetch_err = |e: String| Error::Http(format!("fetching the OpenAPI document {doc}: {e}"));
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .map_err(|e| fetch_err(e.to_string()))?;
+    let resp = client
+        .get(doc)
+        .send()
+        .await
+        .map_err(|e| fetch_err(e.to_string()))?;
+    if !resp.status().is_success() {
+        return Err(fetch_err(format!("answered {}", resp.status())));
+    }
+    let bytes = resp.bytes().await.map_err(|e| fetch_err(e.to_string()))?;
+    if bytes.len() > 16 << 20 {
+        return Err(fetch_err("larger than 16 MiB".into()));
+    }
+    String::from_utf8(bytes.to_vec()).map_err(|e| fetch_err(format!("not UTF-8: {e}")))
+}
+
+/// Writes a manifest seeded from the document `text` (from `origin`), with
+/// the operations `keyed` names treated as keyed; refuses to overwrite.
+/// Returns how many notes (things to fill in) it wrote.
+pub fn init_from_openapi_text(
+    path: &Path,
+    text: &str,
+    origin: &str,
+    keyed: &[String],
+) -> Result<usize, Error> {
     if path.exists() {
         return Err(Error::Io {
             path: path.to_owned(),
@@ -498,13 +508,8 @@ pub fn init_from_openapi(path: &Path, doc: &Path) -> Result<usize, Error> {
             ),
         });
     }
-    let text = std::fs::read_to_string(doc).map_err(|source| Error::Io {
-        path: doc.to_owned(),
-        source,
-    })?;
-    let origin = doc.display().to_string();
-    let seeded = crate::server::openapi::seed(&text, &origin)?;
-    let toml = crate::server::openapi::render(&seeded, &origin)?;
+    let seeded = crate::server::openapi::seed_with(text, origin, keyed)?;
+    let toml = crate::server::openapi::render(&seeded, origin)?;
     // What it writes must load as a manifest.
     manifest::parse(&toml, &path.display().to_string())?;
     std::fs::write(path, toml).map_err(|source| Error::Io {
@@ -543,7 +548,8 @@ pub async fn replay_loaded(
     loaded: &Loaded,
 ) -> Result<i32, Error> {
     let client = runner::client(loaded)?;
-    let ctx = crate::server::case::Ctx::new(loaded.manifest.clone(), client, runner::run_id(), cx.seed);
+    let ctx =
+        crate::server::case::Ctx::new(loaded.manifest.clone(), client, runner::run_id(), cx.seed);
     println!(
         "replaying {} operation(s) (found with seed {}) against {}, up to {REPLAY_ATTEMPTS} times",
         cx.ops.len(),
@@ -565,7 +571,10 @@ pub async fn replay_loaded(
                 }
                 return Ok(EXIT_UNSAFE);
             }
-            Err(crate::server::model::Stop::Undecided(why) | crate::server::model::Stop::Harness(why)) => {
+            Err(
+                crate::server::model::Stop::Undecided(why)
+                | crate::server::model::Stop::Harness(why),
+            ) => {
                 println!("UNDECIDED (attempt {attempt}): {why}");
                 return Ok(EXIT_HARNESS);
             }

@@ -56,20 +56,22 @@
 //!   [`server::runner`] (preflight, plan, report), [`server::openapi`]
 //!   (seeding from an OpenAPI document) and [`server::demo`] (the
 //!   zero-configuration run against the reference server).
-//! - [`cli`]: the subcommands (`demo`, `run`, `list`, `init`, `replay`, `client`).
+//! - [`cli`]: the subcommands (`demo`, `run`, `list`, `init`, `replay`, `client`);
+//!   [`output`]: where their reports go.
 //! - [`verdict`] (crate `idem-conformance-core`): clause IDs, the severity
 //!   rule, waivers, the summary and the report writers, shared by both checks.
 //! - [`client`] (crate `idem-conformance-client`): the client check.
 
 pub mod cli;
 mod error;
+pub mod output;
 pub mod server;
 
 pub use error::Error;
-/// The verdict core (crate `idem-conformance-core`), re-exported.
-pub use idem_conformance_core as verdict;
 /// The client check (crate `idem-conformance-client`), re-exported.
 pub use idem_conformance_client as client;
+/// The verdict core (crate `idem-conformance-core`), re-exported.
+pub use idem_conformance_core as verdict;
 pub use idem_conformance_core::{
     EXIT_CONFORMS, EXIT_DEVIATES, EXIT_HARNESS, EXIT_UNSAFE, KIT_VERSION, clause,
 };

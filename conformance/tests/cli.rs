@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use idem_conformance::server::case::Ctx;
 use idem_conformance::cli as commands;
+use idem_conformance::server::case::Ctx;
 use idem_conformance::server::{manifest, runner};
 use idem_spec::report::Verdict;
 
@@ -76,6 +76,7 @@ async fn an_unreachable_target_fails_the_preflight_and_no_case_runs() {
             only: Some("keys.*".into()),
             progress: false,
             artifacts_dir: Some(std::env::temp_dir()),
+            strict: false,
         },
     )
     .await

@@ -46,8 +46,10 @@ const FLAWS: &[(&str, &str, &str, Class, Outcome)] = &[
         "store-5xx",
         "failure.5xx-not-stored",
         "idem.failure.5xx-not-stored",
-        Class::Safety,
-        Outcome::Unsafe,
+        // The severity rule: a stored 5xx replayed tells the retry the truth
+        // (it failed); semantics, not safety.
+        Class::Semantics,
+        Outcome::Deviates,
     ),
     (
         "replay-drops-headers",

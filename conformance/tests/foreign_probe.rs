@@ -103,7 +103,8 @@ async fn without_a_foreign_probe_the_multistep_clauses_stay_unchecked() {
         .await
         .expect("demo manifest");
     let text = replace_foreign_probe(&text, "");
-    let loaded = idem_conformance::server::manifest::parse(&text, "no foreign probe").expect("parses");
+    let loaded =
+        idem_conformance::server::manifest::parse(&text, "no foreign probe").expect("parses");
     let r = support::run_only(&stack, &loaded, 12, Some("recovery.crash-restart")).await;
     let case = r
         .cases

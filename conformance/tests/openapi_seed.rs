@@ -115,10 +115,7 @@ fn the_cli_writes_the_seeded_manifest_and_refuses_to_overwrite() {
         .enable_all()
         .build()
         .expect("runtime");
-    assert_eq!(
-        rt.block_on(idem_conformance::cli::execute(args(&out))),
-        0
-    );
+    assert_eq!(rt.block_on(idem_conformance::cli::execute(args(&out))), 0);
     manifest::load(&out).expect("loads");
     assert_eq!(
         rt.block_on(idem_conformance::cli::execute(args(&out))),
@@ -175,9 +172,76 @@ async fn the_reference_servers_own_document_seeds_a_manifest_that_runs() {
         }
     }
     filled.endpoints.retain(|e| e.path == "/v1/transfers");
+    // The failure bodies are placeholders no document can fill: a run with
+    // them is refused by the preflight, naming the field.
+    let placeholder =
+        manifest::parse(&toml::to_string(&filled).expect("toml"), "seeded").expect("loads");
+    let e = idem_conformance::server::runner::run_with(
+        &placeholder,
+        &idem_conformance::server::runner::Options {
+            seed: Some(3),
+            only: Some("replay.verbatim".into()),
+            ..Default::default()
+        },
+        Some(stack.restarter()),
+    )
+    .await
+    .expect_err("placeholders refused");
+    assert!(
+        e.to_string().contains("FILL_ME") && e.to_string().contains("rejected_body"),
+        "{e}"
+    );
+    // Filled in (here: the lines deleted, leaving those cases unsupported).
+    for e in &mut filled.endpoints {
+        e.rejected_body = None;
+        e.server_error_body = None;
+    }
     let toml = toml::to_string(&filled).expect("toml");
     let loaded = manifest::parse(&toml, "seeded").expect("loads");
     let r = support::run_only(&stack, &loaded, 3, Some("replay.verbatim")).await;
     drop(stack);
     assert_eq!(r.cases[0].verdict, Verdict::Pass, "{}", support::show(&r));
+}
+
+/// `init --from-openapi URL`: a YAML document served over HTTP (as a
+/// FastAPI service serves its own), whose operations the middleware keys
+/// without declaring the header, named with `--keyed`.
+#[tokio::test]
+async fn a_yaml_document_served_over_http_seeds_the_keyed_operations() {
+    let yaml = "openapi: 3.1.0\ninfo: {title: Shop}\nservers: [{url: 'http://127.0.0.1:9'}]\npaths:\n  /orders:\n    post:\n      operationId: create_order\n      requestBody:\n        content:\n          application/json:\n            example: {amount: 5, note: hello}\n";
+    let app = axum::Router::new().route(
+        "/openapi.yaml",
+        axum::routing::get(move || async move { yaml }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!(
+        "http://{}/openapi.yaml",
+        listener.local_addr().expect("addr")
+    );
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let text = idem_conformance::cli::read_document(&url)
+        .await
+        .expect("fetched");
+    let dir = std::env::temp_dir().join(format!("idem-seed-url-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let out = dir.join("shop.toml");
+    let _ = std::fs::remove_file(&out);
+    assert!(
+        idem_conformance::cli::init_from_openapi_text(&out, &text, &url, &[]).is_err(),
+        "nothing declares the header"
+    );
+    idem_conformance::cli::init_from_openapi_text(&out, &text, &url, &["create_order".into()])
+        .expect("seeded");
+    let loaded = manifest::load(&out).expect("the written manifest loads");
+    assert_eq!(loaded.manifest.endpoints[0].path, "/orders");
+    assert_eq!(loaded.manifest.target.base_url, "http://127.0.0.1:9");
+    // A document that is not there is a clear error, not a panic.
+    let e = idem_conformance::cli::read_document(&url.replace("openapi.yaml", "nope"))
+        .await
+        .expect_err("404");
+    assert!(e.to_string().contains("404"), "{e}");
+    server.abort();
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -319,6 +319,7 @@ async fn run_with(loaded: manifest::Loaded) -> idem_spec::report::Report {
             only: None,
             progress: false,
             artifacts_dir: Some(std::env::temp_dir()),
+            strict: false,
         },
     )
     .await

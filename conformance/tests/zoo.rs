@@ -81,17 +81,28 @@ fn declare(quirk: Quirk, m: &mut idem_spec::manifest::Manifest) {
         Quirk::MarkerValueOne => m.profile.replay_marker_value = Some("1".into()),
         Quirk::AlwaysWait => m.policy.in_flight = InFlightMode::AlwaysWait,
         Quirk::NoInFlightState => m.policy.in_flight = InFlightMode::None,
+        Quirk::UuidKeys => m.key.format = idem_spec::manifest::KeyFormat::Uuid,
+        Quirk::MarkerIsKey => {
+            m.profile.replay_marker_value =
+                Some(idem_conformance::server::manifest::MARKER_IS_KEY.into());
+        }
+        Quirk::FingerprintsTraceparent => {
+            m.policy.fingerprint.headers = vec!["traceparent".into()];
+        }
         _ => {}
     }
 }
 
 /// The quirk cells: each correct-but-unusual behaviour on one dialect.
-const QUIRK_CELLS: [(Dialect, Quirk); 5] = [
+const QUIRK_CELLS: [(Dialect, Quirk); 8] = [
     (Dialect::Reference, Quirk::ResetAfterServerError),
     (Dialect::PlainJson422, Quirk::NestedErrorCode),
     (Dialect::PlainJson400, Quirk::MarkerValueOne),
     (Dialect::Reference, Quirk::AlwaysWait),
     (Dialect::Reference, Quirk::NoInFlightState),
+    (Dialect::PlainJson422, Quirk::UuidKeys),
+    (Dialect::Reference, Quirk::MarkerIsKey),
+    (Dialect::Reference, Quirk::FingerprintsTraceparent),
 ];
 
 async fn run_zoo_with(
@@ -120,6 +131,7 @@ async fn run_zoo_with(
             only: None,
             progress: false,
             artifacts_dir: Some(std::env::temp_dir()),
+            strict: false,
         },
     )
     .await
@@ -182,7 +194,10 @@ fn judge(
             let must_pass = match quirk {
                 Some(Quirk::ResetAfterServerError) => "failure.5xx-not-stored",
                 Some(Quirk::NestedErrorCode) => "keys.errors-distinct",
-                Some(Quirk::MarkerValueOne) => "replay.verbatim",
+                Some(Quirk::MarkerValueOne | Quirk::MarkerIsKey | Quirk::UuidKeys) => {
+                    "replay.verbatim"
+                }
+                Some(Quirk::FingerprintsTraceparent) => "replay.incidental-header",
                 _ => "concurrency.gate",
             };
             // Passed, or failed on spelling alone (interop).
@@ -486,6 +501,7 @@ async fn console_json_junit_and_html_agree_on_every_count() {
             only: None,
             progress: false,
             artifacts_dir: Some(std::env::temp_dir()),
+            strict: false,
         },
     )
     .await
@@ -639,6 +655,7 @@ async fn preflight_with(
             only: None,
             progress: false,
             artifacts_dir: Some(std::env::temp_dir()),
+            strict: false,
         },
     )
     .await
@@ -743,6 +760,7 @@ async fn key_matched_probes_count_by_the_key_the_request_carried() {
                 only: Some("concurrency.gate".into()),
                 progress: false,
                 artifacts_dir: Some(std::env::temp_dir()),
+                strict: false,
             },
         )
         .await
@@ -836,6 +854,7 @@ async fn a_spent_budget_is_a_harness_error_naming_the_case_and_the_setting() {
             only: Some("concurrency.*".into()),
             progress: false,
             artifacts_dir: Some(std::env::temp_dir()),
+            strict: false,
         },
     )
     .await
@@ -908,4 +927,61 @@ async fn a_run_stopped_by_its_preflight_still_writes_its_reports() {
         "{junit}"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+// clause: idem.key.syntax
+/// An API that accepts only UUID keys, checked with a manifest that does
+/// not say so: the preflight stops the run and names the key format (the
+/// kit's own keys were refused, a UUID key was accepted), not the body.
+#[tokio::test]
+async fn a_key_format_the_manifest_does_not_declare_is_named_by_the_preflight() {
+    let zoo = idem_zoo::spawn(ZooConfig {
+        dialect: Dialect::PlainJson422,
+        defect: None,
+        delay: Duration::ZERO,
+        quirk: Some(Quirk::UuidKeys),
+    })
+    .await
+    .expect("zoo starts");
+    let loaded = manifest_for(Dialect::PlainJson422, &zoo.base_url);
+    let opts = Options {
+        seed: Some(1),
+        only: None,
+        progress: false,
+        artifacts_dir: Some(std::env::temp_dir()),
+        strict: false,
+    };
+    let e = runner::run(&loaded, &opts)
+        .await
+        .expect_err("the preflight must stop the run");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("UUID") && msg.contains("[key] format = \"uuid\""),
+        "{msg}"
+    );
+    assert!(!msg.contains("body template"), "{msg}");
+    // Declared, the same API passes the preflight and replays.
+    let mut declared = loaded.clone();
+    declared.manifest.key.format = idem_spec::manifest::KeyFormat::Uuid;
+    let only = Options {
+        only: Some("replay.verbatim".into()),
+        ..opts
+    };
+    let r = runner::run(&declared, &only)
+        .await
+        .expect("preflight passes");
+    let c = r
+        .cases
+        .iter()
+        .find(|c| c.id == "replay.verbatim")
+        .expect("ran");
+    // Replayed: nothing worse than the dialect's spelling of the marker.
+    assert!(
+        c.checks
+            .iter()
+            .all(|k| k.verdict != Verdict::Fail || k.class == Class::Interop),
+        "{}",
+        idem_conformance::verdict::report::console::render(&r)
+    );
+    zoo.shutdown().await;
 }

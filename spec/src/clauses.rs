@@ -104,13 +104,20 @@ pub enum Class {
     /// contract may misread the answer, but nothing happens twice and
     /// nothing leaks.
     Interop,
-    /// Behaviour a client relies on without money or data at stake: in-flight
-    /// detection, mismatches rejected at all, the replay window, the failure
-    /// policy, replays that are not the stored response.
+    /// Every other broken MUST: behaviour a client relies on without anything
+    /// false believed about effects: in-flight detection, mismatches
+    /// rejected at all, the replay window, the failure policy (a stored 5xx
+    /// replayed, a final 4xx executed again), replays that are not the
+    /// stored response, an ignored hint, a missing deadline.
     Semantics,
-    /// A second effect, a response leaked across callers, a request answered
-    /// with another request's outcome, a stored and replayed 5xx, a final
-    /// outcome or a lost response executed again.
+    /// The severity rule: a behaviour that can make a correct counterpart
+    /// believe something false about effects. A second effect of one
+    /// operation (a duplicate executed, a lost response executed again; on a
+    /// client, a key-less state-changing request resent after it may have
+    /// been sent, or a fresh key per attempt), a request answered with
+    /// another request's stored outcome, or one caller's data shown to
+    /// another. A stored 5xx replayed or a final 4xx executed again is not
+    /// safety: the answer is true about what happened.
     Safety,
 }
 
@@ -185,9 +192,12 @@ pub const CLASSES: &[(&str, Class)] = {
         ("idem.errors.distinct", Interop),
         ("idem.errors.type-uri", Interop),
         ("idem.errors.profiles", Interop),
-        // Failure policy: a final outcome executed again is a second effect.
+        // Failure policy. A final 2xx executed again is a second effect
+        // (safety); a final 4xx executed again, or a 5xx stored and
+        // replayed, tells the caller the truth about effects (semantics:
+        // the kit's checks of those name the milder consequence).
         ("idem.failure.final-outcomes", Safety),
-        ("idem.failure.5xx-not-stored", Safety),
+        ("idem.failure.5xx-not-stored", Semantics),
         ("idem.failure.unclaimed", Semantics),
         ("idem.failure.before-claim", Semantics),
         // Clients.

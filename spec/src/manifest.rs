@@ -42,6 +42,64 @@ pub struct Manifest {
     /// Cases the vendor waives, each with a reason.
     #[serde(default)]
     pub waivers: Vec<Waiver>,
+    /// The grammar the target accepts for keys, when narrower than the
+    /// contract's (1 to 255 visible ASCII characters): every key the kit
+    /// sends to use, not to test, follows it.
+    #[serde(default)]
+    pub key: KeyDecl,
+}
+
+/// The key grammar a target accepts. The kit's keys stay unique per run in
+/// any grammar: they are derived from the run ID and a counter.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(deny_unknown_fields)]
+pub struct KeyDecl {
+    /// The key's form: `any` (the contract's grammar, default) or `uuid`
+    /// (an RFC 9562 UUID in its hyphenated lowercase form, version 4).
+    #[serde(default)]
+    pub format: KeyFormat,
+    /// The longest key accepted, in characters. Default: the contract's 255.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_len: Option<u16>,
+    /// A prefix every key must start with (e.g. `idk_`). Not with `uuid`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prefix: String,
+    /// The characters accepted after the prefix. Default: `visible` (the
+    /// contract's visible ASCII).
+    #[serde(default)]
+    pub charset: KeyCharset,
+}
+
+/// A key's form.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyFormat {
+    /// Any string the contract's grammar and the declared charset and length allow.
+    #[default]
+    Any,
+    /// A UUID, hyphenated and lowercase (`3f2c...-4...`).
+    Uuid,
+}
+
+/// Characters a key may use after its prefix.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyCharset {
+    /// Visible ASCII, 0x21 to 0x7E (the contract's).
+    #[default]
+    Visible,
+    /// Letters, digits, `-` and `_`.
+    AlnumDash,
+    /// Letters and digits.
+    Alnum,
+    /// Lowercase hexadecimal digits.
+    Hex,
 }
 
 /// The API under test.
@@ -84,7 +142,9 @@ pub struct ProfileDecl {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_marker: Option<String>,
     /// The value of the replay marker header on a replay, compared without
-    /// regard to case (e.g. `"1"`, `"yes"`). Default: `true`.
+    /// regard to case (e.g. `"1"`, `"yes"`), or `"{{key}}"` for a marker
+    /// whose value is the request's idempotency key (any value then marks a
+    /// replay). Default: `true`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay_marker_value: Option<String>,
     /// A JSON pointer (RFC 6901) to the error code in the target's error
@@ -262,6 +322,11 @@ pub enum InFlightMode {
     /// request is serialised behind it (or refused in some other way), and
     /// the kit only checks that it is not executed.
     None,
+    /// A duplicate is held until the first request finishes and answered
+    /// with its replay, except the loser of a race for the claim, which is
+    /// refused at once as in use (a library that waits on the stored row but
+    /// cannot wait on a claim another transaction has not committed yet).
+    WaitOrConflictOnRace,
 }
 
 /// Policies the target declares.
@@ -293,11 +358,42 @@ pub struct FingerprintDecl {
     /// Whether the query string is part of the fingerprint. Default: true.
     #[serde(default = "yes")]
     pub query: bool,
+    /// Whether the method and path are part of it. Default: true.
+    #[serde(default = "yes")]
+    pub path: bool,
+    /// Whether the body is part of it. Default: true.
+    #[serde(default = "yes")]
+    pub body: bool,
+    /// Request headers that are part of it (`["*"]`: every header), which
+    /// the contract leaves out: a true retry whose only change is an
+    /// incidental header (`traceparent`) is then refused, and the kit
+    /// reports that as the declared difference. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<String>,
+}
+
+impl FingerprintDecl {
+    /// Whether a change of header `name` (any case) changes the fingerprint.
+    pub fn covers_header(&self, name: &str) -> bool {
+        self.headers
+            .iter()
+            .any(|h| h == "*" || h.eq_ignore_ascii_case(name))
+    }
+
+    /// Whether the target keeps no fingerprint at all.
+    pub fn is_none(&self) -> bool {
+        !self.query && !self.path && !self.body && self.headers.is_empty()
+    }
 }
 
 impl Default for FingerprintDecl {
     fn default() -> Self {
-        Self { query: true }
+        Self {
+            query: true,
+            path: true,
+            body: true,
+            headers: Vec::new(),
+        }
     }
 }
 

@@ -320,6 +320,14 @@ pub struct Summary {
     pub semantics_clauses: Vec<String>,
     /// ... `interop`.
     pub interop_clauses: Vec<String>,
+    /// SHOULD and MAY clauses with a missed, unwaived check (non-strict
+    /// findings): a `--strict` run fails on them.
+    #[serde(default)]
+    pub non_strict_clauses: Vec<String>,
+    /// Whether the run was `--strict`: non-strict findings then make the
+    /// result DEVIATES.
+    #[serde(default)]
+    pub strict: bool,
     /// Clauses some check produced a verdict for, per verdict: the clause
     /// matrix's counts, which every report prints.
     pub clause_verdicts: ClauseCounts,

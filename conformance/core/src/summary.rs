@@ -23,6 +23,8 @@ pub fn empty_summary() -> Summary {
         unsafe_clauses: Vec::new(),
         semantics_clauses: Vec::new(),
         interop_clauses: Vec::new(),
+        non_strict_clauses: Vec::new(),
+        strict: false,
         clause_verdicts: ClauseCounts::default(),
         stale_waivers: 0,
         result: Outcome::Conforms,
@@ -83,6 +85,18 @@ pub fn finish_where(
     failed.sort();
     failed.dedup();
     s.must_clauses_failed = failed;
+    let mut missed: Vec<String> = report
+        .cases
+        .iter()
+        .filter(|c| c.waived.is_none())
+        .flat_map(|c| c.checks.iter())
+        .filter(|k| k.verdict == Verdict::NonStrict)
+        .map(|k| k.clause.clone())
+        .collect();
+    missed.sort();
+    missed.dedup();
+    s.non_strict_clauses = missed;
+    s.strict = report.summary.strict;
     report.headlines = headlines(&report.cases);
     s.stale_waivers = report.waivers.iter().filter(|w| w.stale.is_some()).count() as u32;
     let harness = report.harness_error.is_some()
@@ -97,7 +111,7 @@ pub fn finish_where(
         Outcome::Unsafe
     } else if harness {
         Outcome::HarnessError
-    } else if !s.must_clauses_failed.is_empty() {
+    } else if !s.must_clauses_failed.is_empty() || (s.strict && !s.non_strict_clauses.is_empty()) {
         Outcome::Deviates
     } else {
         Outcome::Conforms
@@ -265,6 +279,35 @@ mod tests {
 
     const SCOPE: &str = "idem.scope.caller";
     const PROFILES: &str = "idem.errors.profiles";
+
+    #[test]
+    fn a_strict_run_fails_on_non_strict_findings() {
+        let should = "idem.inflight.prefer-wait";
+        let missed = || {
+            case(
+                "e.five",
+                &[should],
+                Verdict::NonStrict,
+                vec![check(should, Class::Semantics, Verdict::NonStrict)],
+            )
+        };
+        let mut r = report(vec![missed()]);
+        finish(&mut r, &[]);
+        assert_eq!(r.summary.result, Outcome::Conforms);
+        assert_eq!(
+            r.summary.non_strict_clauses,
+            [should],
+            "listed, not only counted"
+        );
+        let mut r = report(vec![missed()]);
+        r.summary.strict = true;
+        finish(&mut r, &[]);
+        assert_eq!(
+            (r.summary.result, r.summary.exit_code),
+            (Outcome::Deviates, 3)
+        );
+        assert!(r.summary.strict, "the summary says the run was strict");
+    }
 
     #[test]
     fn the_result_follows_the_worst_unwaived_class() {

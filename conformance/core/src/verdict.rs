@@ -80,7 +80,14 @@ pub fn check_as(
     observed: impl Into<String>,
 ) -> CheckReport {
     let (level, class) = level_and_class(clause);
-    build(clause, level, class.min(seen.class()), ok, permitted, observed)
+    build(
+        clause,
+        level,
+        class.min(seen.class()),
+        ok,
+        permitted,
+        observed,
+    )
 }
 
 /// One check at a level other than the clause's: for a clause that is a MAY
@@ -96,7 +103,14 @@ pub fn check_at(
     observed: impl Into<String>,
 ) -> CheckReport {
     let (_, class) = level_and_class(clause);
-    build(clause, level, class.min(seen.class()), ok, permitted, observed)
+    build(
+        clause,
+        level,
+        class.min(seen.class()),
+        ok,
+        permitted,
+        observed,
+    )
 }
 
 fn build(
@@ -182,6 +196,9 @@ mod tests {
             "",
             "",
         );
-        assert_eq!((c.level, c.verdict, c.class), (Level::Must, Verdict::Fail, Class::Safety));
+        assert_eq!(
+            (c.level, c.verdict, c.class),
+            (Level::Must, Verdict::Fail, Class::Safety)
+        );
     }
 }

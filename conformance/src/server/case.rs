@@ -9,8 +9,9 @@
 //! indeterminate sends (`inconclusive`) and harness problems (`error`).
 //!
 //! Every check also carries a class ([`Class`]): the clause's, or a milder
-//! one when the case observed a milder consequence of breaking it
-//! ([`Rec::check_as`]). Cases judge behaviour (executed? refused? replayed?
+//! one when the case names the milder consequence it observed
+//! ([`Rec::check_as`] with a [`Consequence`]: the verdict core's severity
+//! rule, the same for the client check). Cases judge behaviour (executed? refused? replayed?
 //! leaked?) under the behavioural clause and the spelling of each answer
 //! under the interop clauses (`idem.errors.profiles`,
 //! `idem.errors.problem-json`, `idem.replay.marker`), so a target that
@@ -35,10 +36,12 @@ use idem_spec::manifest::{Caller, EffectProbe, Endpoint, Manifest};
 use idem_spec::report::{CheckReport, Verdict};
 use serde_json::Value;
 
-use idem_conformance_core::clause::ClauseId;
+use crate::server::dialect::Dialect;
 use crate::server::http::{Client, Failure, Request, Response, Sent};
 use crate::server::manifest::{ManifestExt, amount_exclusions, draw_amount, expand, expand_text};
 use crate::server::probe::{self, ProbeError, Subject};
+use idem_conformance_core::clause::ClauseId;
+use idem_conformance_core::verdict::{self, Consequence};
 
 /// A boxed future borrowing the recorder.
 pub type BoxFut<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
@@ -112,6 +115,7 @@ impl Need {
                 m.policy.in_flight,
                 idem_spec::manifest::InFlightMode::ConflictOrWait
                     | idem_spec::manifest::InFlightMode::AlwaysWait
+                    | idem_spec::manifest::InFlightMode::WaitOrConflictOnRace
             )
         },
     };
@@ -389,9 +393,10 @@ impl Ctx {
         self.counter.fetch_add(1, Ordering::SeqCst) + 1
     }
 
-    /// A fresh key carrying the run prefix.
+    /// A fresh key, unique in the run, in the target's declared grammar
+    /// ([`crate::server::keyform`]).
     pub fn key(&self) -> String {
-        format!("{}-k{}", self.run_id, self.next())
+        crate::server::keyform::mint(&self.manifest.key, &self.run_id, self.next())
     }
 
     /// A fresh marker carrying the run prefix.
@@ -609,72 +614,28 @@ impl Ctx {
         {
             return Ok(Some(format!(
                 "the answer carries the other operation's marker {m:?}{}",
-                self.ids_side_by_side(r, other)
+                self.dialect().ids_side_by_side(r, other)
             )));
         }
         if matches!(self.manifest.probe, EffectProbe::ResourceId { .. }) {
             return Ok(Some(format!(
                 "the same resource{}",
-                self.ids_side_by_side(r, other)
+                self.dialect().ids_side_by_side(r, other)
             )));
         }
         let now = self.effects(caller, marker, &[r]).await?;
         Ok((now <= before).then(|| {
             format!(
                 "the probe counted {now} effect(s) for this operation, {before} before it{}",
-                self.ids_side_by_side(r, other)
+                self.dialect().ids_side_by_side(r, other)
             )
         }))
     }
 
-    /// `: ids X (this answer) and X (the other caller's)`, when both
-    /// answers carry an id (the resource-id probe's pointer, else `/id`,
-    /// else `Location`).
-    pub fn ids_side_by_side(&self, mine: &Response, theirs: &Response) -> String {
-        self.ids_beside(mine, theirs, "the other caller's")
-    }
-
-    /// `; resource ids: X (this answer) and Y (label)`, when both carry one.
-    pub fn ids_beside(&self, mine: &Response, theirs: &Response, label: &str) -> String {
-        match (self.resource_id(mine), self.resource_id(theirs)) {
-            (Some(a), Some(b)) => format!("; resource ids: {a} (this answer) and {b} ({label})"),
-            _ => String::new(),
-        }
-    }
-
-    /// The resource id a 2xx answer names, for reports.
-    pub fn resource_id(&self, r: &Response) -> Option<String> {
-        let pointer = match &self.manifest.probe {
-            EffectProbe::ResourceId { id_pointer } => id_pointer.as_str(),
-            _ => "/id",
-        };
-        r.json()
-            .and_then(|d| {
-                d.pointer(pointer).map(|v| match v {
-                    Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                })
-            })
-            .or_else(|| r.header("location").map(str::to_owned))
-    }
-
-    /// Whether `r` is the contract error `code` as the target declares it.
-    pub fn is(&self, r: &Response, code: idem_spec::ErrorCode) -> bool {
-        self.manifest.matches(r, code)
-    }
-
-    /// `code` as the target declares it, for reports.
-    pub fn spelled(&self, code: idem_spec::ErrorCode) -> String {
-        self.manifest.spelled(code)
-    }
-
-    /// Whether `r` is a first execution by the target's own account: a 2xx
-    /// without the declared replay marker and, when the stored outcome is
-    /// known, not byte-identical to it (a replay without a marker).
-    pub fn executed(&self, r: &Response, stored: Option<&Response>) -> bool {
-        (200..300).contains(&r.status)
-            && self.manifest.marked(r) != Some(true)
-            && !stored.is_some_and(|s| s.same_outcome(r))
+    /// The target's declared dialect, for the pure judges: what they may
+    /// read of the manifest, and nothing of the run.
+    pub fn dialect(&self) -> Dialect<'_> {
+        Dialect(&self.manifest)
     }
 
     /// Counts the recovery endpoint's effects in the foreign system for
@@ -836,8 +797,8 @@ impl Rec {
         self.label()
     }
 
-    /// Records one check of `clause`, with the clause's class. Returns `ok`
-    /// so cases can branch.
+    /// Records one check of `clause`, with the clause's level and class.
+    /// Returns `ok` so cases can branch.
     pub fn check(
         &mut self,
         clause: ClauseId,
@@ -845,14 +806,31 @@ impl Rec {
         permitted: impl Into<String>,
         observed: impl Into<String>,
     ) -> bool {
-        let class = clauses::get(clause.as_str()).map_or(Class::Safety, |c| c.class);
-        self.check_as(clause, class, ok, permitted, observed)
+        self.checks
+            .push(verdict::check(clause, ok, permitted, observed));
+        ok
     }
 
-    /// Records one check of `clause` whose failure had a milder consequence
-    /// than the clause's worst: its class is `class`, or the clause's when
-    /// that is milder (a check can never make a clause worse than it is).
+    /// Records one check of `clause` whose failure had the consequence
+    /// `seen`: the severity rule ([`Consequence::class`]) gives its class,
+    /// never worse than the clause's own.
     pub fn check_as(
+        &mut self,
+        clause: ClauseId,
+        seen: Consequence,
+        ok: bool,
+        permitted: impl Into<String>,
+        observed: impl Into<String>,
+    ) -> bool {
+        self.checks
+            .push(verdict::check_as(clause, seen, ok, permitted, observed));
+        ok
+    }
+
+    /// Records a check whose class the severity rule already gave (a
+    /// generated sequence's violation, judged by the model), never worse
+    /// than the clause's own.
+    pub fn check_decided(
         &mut self,
         clause: ClauseId,
         class: Class,
@@ -860,23 +838,9 @@ impl Rec {
         permitted: impl Into<String>,
         observed: impl Into<String>,
     ) -> bool {
-        let known = clauses::get(clause.as_str());
-        let level = known.map_or(Level::Must, |c| c.level);
-        let class = known.map_or(class, |c| c.class.min(class));
-        let verdict = match (ok, level) {
-            (true, _) => Verdict::Pass,
-            (false, Level::Must) => Verdict::Fail,
-            (false, _) => Verdict::NonStrict,
-        };
-        self.checks.push(CheckReport {
-            clause: clause.to_string(),
-            level,
-            class,
-            verdict,
-            permitted: permitted.into(),
-            observed: observed.into(),
-            headline: None,
-        });
+        let mut c = verdict::check(clause, ok, permitted, observed);
+        c.class = c.class.min(class);
+        self.checks.push(c);
         ok
     }
 
@@ -903,9 +867,16 @@ impl Rec {
         want: u64,
         why: &str,
     ) -> Option<u64> {
-        let class = clauses::get(clause.as_str()).map_or(Class::Safety, |c| c.class);
-        self.check_effects_as(clause, class, caller, marker, seen, want, why)
-            .await
+        self.check_effects_as(
+            clause,
+            Consequence::SecondEffect,
+            caller,
+            marker,
+            seen,
+            want,
+            why,
+        )
+        .await
     }
 
     /// [`check_effects`](Self::check_effects) with a milder class.
@@ -913,7 +884,7 @@ impl Rec {
     pub async fn check_effects_as(
         &mut self,
         clause: ClauseId,
-        class: Class,
+        consequence: Consequence,
         caller: usize,
         marker: &str,
         seen: &[&Response],
@@ -930,10 +901,10 @@ impl Rec {
                 // The rule: no safety failure from a count of zero. Too
                 // few effects means a request was refused or lost, which
                 // costs the caller a retry, never a duplicate.
-                let class = if n == 0 && want > 0 {
-                    class.min(Class::Semantics)
+                let consequence = if n == 0 && want > 0 {
+                    Consequence::Behaviour
                 } else {
-                    class
+                    consequence
                 };
                 self.note(format!(
                     "the probe counted {n} effect(s) for marker {marker:?}"
@@ -947,7 +918,7 @@ impl Rec {
                 }
                 self.check_as(
                     clause,
-                    class,
+                    consequence,
                     n == want,
                     format!("exactly {want} side effect(s): {why}"),
                     format!("{n} side effect(s)"),
@@ -972,8 +943,7 @@ impl Rec {
         want: u64,
         why: &str,
     ) -> Option<u64> {
-        let class = clauses::get(clause.as_str()).map_or(Class::Safety, |c| c.class);
-        self.check_executions_as(clause, class, marker, want, why)
+        self.check_executions_as(clause, Consequence::SecondEffect, marker, want, why)
             .await
     }
 
@@ -983,7 +953,7 @@ impl Rec {
     pub async fn check_executions_as(
         &mut self,
         clause: ClauseId,
-        class: Class,
+        seen: Consequence,
         marker: &str,
         want: u64,
         why: &str,
@@ -993,17 +963,17 @@ impl Rec {
         }
         match self.ctx.executions(marker).await? {
             Ok(n) => {
-                let class = if n == 0 && want > 0 {
-                    class.min(Class::Semantics)
+                let seen = if n == 0 && want > 0 {
+                    Consequence::Behaviour
                 } else {
-                    class
+                    seen
                 };
                 self.note(format!(
                     "the execution probe counted {n} handler run(s) for marker {marker:?}"
                 ));
                 self.check_as(
                     clause,
-                    class,
+                    seen,
                     n == want,
                     format!("exactly {want} handler run(s): {why}"),
                     format!("{n} handler run(s)"),

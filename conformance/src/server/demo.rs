@@ -392,7 +392,7 @@ pub async fn run(
     opts: crate::server::runner::Options,
     flaw: Option<String>,
     profile: idem_spec::Profile,
-    out: &crate::cli::Outputs,
+    out: &crate::output::Outputs,
 ) -> Result<i32, Error> {
     let features: &[&str] = if flaw.is_some() { &["flaws"] } else { &[] };
     eprintln!("demo: building/locating idem-server and idem-fake-processor (cargo build -p …)…");
@@ -423,7 +423,7 @@ pub async fn run(
     })?;
     let loaded = crate::server::manifest::parse(&text, &path.display().to_string())?;
     let report = crate::server::runner::run_with(&loaded, &opts, Some(stack.restarter())).await?;
-    let code = crate::cli::emit(&report, out)?;
+    let code = crate::output::emit(&report, out)?;
     eprintln!(
         "demo: manifest used: {} (re-run with `run --target {}` while a server runs)",
         path.display(),

@@ -20,6 +20,10 @@ use sha2::{Digest, Sha256};
 
 use crate::Error;
 
+/// The `profile.replay_marker_value` that declares a marker whose value is
+/// the request's key.
+pub const MARKER_IS_KEY: &str = "{{key}}";
+
 /// A manifest as loaded: the parsed value plus the hash of its bytes.
 #[derive(Debug, Clone)]
 pub struct Loaded {
@@ -27,6 +31,8 @@ pub struct Loaded {
     pub manifest: Manifest,
     /// SHA-256 (hex) of the file's bytes, recorded in every report.
     pub sha256: String,
+    /// Things the loader noticed that do not stop a run (printed first).
+    pub warnings: Vec<String>,
 }
 
 /// Reads, parses and validates a manifest file.
@@ -40,15 +46,107 @@ pub fn load(path: &Path) -> Result<Loaded, Error> {
 
 /// Parses and validates manifest text; `origin` names it in errors.
 pub fn parse(text: &str, origin: &str) -> Result<Loaded, Error> {
-    let manifest: Manifest = toml::from_str(text).map_err(|e| Error::ManifestParse {
+    parse_with_env(text, origin, &|name| std::env::var(name).ok())
+}
+
+/// [`parse`] with `${NAME}` in string values taken from `env` (a CI secret,
+/// say, so the manifest in the repository holds no credential); `$${` is a
+/// literal `${`. A name `env` does not know is an error naming it. The
+/// recorded SHA-256 is the file's, before substitution, so no secret is
+/// hashed into a report.
+pub fn parse_with_env(
+    text: &str,
+    origin: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Loaded, Error> {
+    let parse_err = |message: String| Error::ManifestParse {
         path: origin.to_owned(),
-        message: e.to_string(),
-    })?;
+        message,
+    };
+    let mut value: toml::Value = toml::from_str(text).map_err(|e| parse_err(e.to_string()))?;
+    substitute(&mut value, env).map_err(Error::ManifestInvalid)?;
+    let manifest: Manifest = value
+        .try_into()
+        .map_err(|e: toml::de::Error| parse_err(e.to_string()))?;
     validate(&manifest)?;
+    let warnings = warnings(&manifest);
     Ok(Loaded {
         manifest,
         sha256: sha256_hex(text.as_bytes()),
+        warnings,
     })
+}
+
+/// Replaces `${NAME}` in every string of `v`.
+fn substitute(v: &mut toml::Value, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    match v {
+        toml::Value::String(s) if s.contains('$') => {
+            *s = expand_env(s, env)?;
+            Ok(())
+        }
+        toml::Value::Array(items) => items.iter_mut().try_for_each(|i| substitute(i, env)),
+        toml::Value::Table(t) => t.iter_mut().try_for_each(|(_, i)| substitute(i, env)),
+        _ => Ok(()),
+    }
+}
+
+/// `${NAME}` from `env`, `$${` as a literal `${`.
+pub fn expand_env(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    // Bounded: every pass consumes at least one byte of `rest`.
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i..];
+        if let Some(tail) = after.strip_prefix("$${") {
+            out.push_str("${");
+            rest = tail;
+        } else if let Some(tail) = after.strip_prefix("${") {
+            let Some(end) = tail.find('}') else {
+                return Err(format!("{s:?}: \"${{\" without a closing \"}}\""));
+            };
+            let name = &tail[..end];
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(format!(
+                    "{s:?}: ${{{name}}} is not an environment variable name"
+                ));
+            }
+            let Some(val) = env(name) else {
+                return Err(format!(
+                    "the manifest names the environment variable {name}, which is not set (export it, e.g. from a CI secret)"
+                ));
+            };
+            out.push_str(&val);
+            rest = &tail[end + 1..];
+        } else {
+            out.push('$');
+            rest = &after[1..];
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// The side-effect budget the kit's default was before it was measured:
+/// manifests written then run out of budget on targets that fail cases.
+pub const OLD_DEFAULT_BUDGET: u64 = 500;
+
+/// Things worth saying about a valid manifest before a run.
+pub fn warnings(m: &Manifest) -> Vec<String> {
+    let mut w = Vec::new();
+    let default = idem_spec::manifest::Limits::default().max_side_effects;
+    if m.limits.max_side_effects < default {
+        w.push(format!(
+            "limits.max_side_effects = {} is below the default {default}{}: a run against a target that fails cases (each failing case runs twice) can spend it before the last cases, which then end as harness errors; raise it or remove the line",
+            m.limits.max_side_effects,
+            if m.limits.max_side_effects == OLD_DEFAULT_BUDGET {
+                " (500 was the old default)"
+            } else {
+                ""
+            }
+        ));
+    }
+    w
 }
 
 /// Hashes a manifest the way reports record it.
@@ -57,16 +155,38 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// Checks the rules the schema cannot express.
+///
+/// The groups run in this order and the first broken rule is the one
+/// reported, so a manifest with several problems names the same one
+/// every time.
 pub fn validate(m: &Manifest) -> Result<(), Error> {
-    let bad = |s: String| Err(Error::ManifestInvalid(s));
+    validate_target(m)
+        .and_then(|()| validate_callers(m))
+        .and_then(|()| validate_endpoints(m))
+        .and_then(|()| validate_profile(m))
+        .and_then(|()| validate_waivers_and_limits(m))
+        .and_then(|()| validate_hooks_and_probes(m))
+        .map_err(Error::ManifestInvalid)
+}
+
+/// The key grammar and the base URL.
+fn validate_target(m: &Manifest) -> Result<(), String> {
+    if let Some(why) = crate::server::keyform::invalid(&m.key) {
+        return Err(why);
+    }
     if reqwest::Url::parse(&m.target.base_url).is_err() {
-        return bad(format!(
+        return Err(format!(
             "target.base_url {:?} is not an absolute URL",
             m.target.base_url
         ));
     }
+    Ok(())
+}
+
+/// At least two distinct identities, since scoping is checked between two.
+fn validate_callers(m: &Manifest) -> Result<(), String> {
     if m.callers.len() < 2 {
-        return bad(format!(
+        return Err(format!(
             "declare at least two [[callers]] (found {}): per-caller scoping needs two identities",
             m.callers.len()
         ));
@@ -75,30 +195,35 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
     names.sort_unstable();
     names.dedup();
     if names.len() != m.callers.len() {
-        return bad("caller names must be distinct".to_owned());
+        return Err("caller names must be distinct".to_owned());
     }
     if m.callers[0].headers == m.callers[1].headers {
-        return bad(format!(
+        return Err(format!(
             "callers {:?} and {:?} send identical headers, so they are one identity",
             m.callers[0].name, m.callers[1].name
         ));
     }
+    Ok(())
+}
+
+/// Every endpoint can be sent, and its amounts can draw a changed body.
+fn validate_endpoints(m: &Manifest) -> Result<(), String> {
     if m.endpoints.is_empty() {
-        return bad("declare at least one [[endpoints]]".to_owned());
+        return Err("declare at least one [[endpoints]]".to_owned());
     }
     for e in &m.endpoints {
         if reqwest::Method::from_bytes(e.method.as_bytes()).is_err() {
-            return bad(format!("endpoint {:?}: bad method {:?}", e.name, e.method));
+            return Err(format!("endpoint {:?}: bad method {:?}", e.name, e.method));
         }
         if !e.path.starts_with('/') {
-            return bad(format!(
+            return Err(format!(
                 "endpoint {:?}: path {:?} must start with '/'",
                 e.name, e.path
             ));
         }
         let a = &e.amounts;
         if a.min > a.max {
-            return bad(format!(
+            return Err(format!(
                 "endpoint {:?}: amounts.min {} is above amounts.max {}",
                 e.name, a.min, a.max
             ));
@@ -110,26 +235,31 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
             .filter(|v| !excluded.contains(v))
             .count();
         if span <= 64 && left < 2 {
-            return bad(format!(
+            return Err(format!(
                 "endpoint {:?}: amounts leave fewer than two values to draw (a changed body needs two)",
                 e.name
             ));
         }
         for name in e.headers.keys() {
             if reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
-                return bad(format!("endpoint {:?}: bad header name {name:?}", e.name));
+                return Err(format!("endpoint {:?}: bad header name {name:?}", e.name));
             }
         }
     }
+    Ok(())
+}
+
+/// The dialect: contract errors, pointers and the replay marker.
+fn validate_profile(m: &Manifest) -> Result<(), String> {
     for (code, w) in &m.profile.errors {
         if !CONTRACT_ERRORS.iter().any(|c| c.as_str() == code) {
-            return bad(format!(
+            return Err(format!(
                 "profile.errors.{code}: not a contract error (expected one of {})",
                 CONTRACT_ERRORS.map(|c| c.as_str()).join(", ")
             ));
         }
         if !(400..600).contains(&w.status) {
-            return bad(format!(
+            return Err(format!(
                 "profile.errors.{code}.status {} is not an error status",
                 w.status
             ));
@@ -137,17 +267,17 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
         if let Some(p) = &w.pattern
             && let Err(e) = regex::Regex::new(p)
         {
-            return bad(format!("profile.errors.{code}.pattern {p:?}: {e}"));
+            return Err(format!("profile.errors.{code}.pattern {p:?}: {e}"));
         }
         if w.value.is_some() && w.pointer.is_none() {
-            return bad(format!(
+            return Err(format!(
                 "profile.errors.{code}: value without pointer (say where in the body it is)"
             ));
         }
         if let Some(p) = &w.pointer
             && !(p.is_empty() || p.starts_with('/'))
         {
-            return bad(format!(
+            return Err(format!(
                 "profile.errors.{code}.pointer {p:?} is not a JSON pointer (it starts with '/')"
             ));
         }
@@ -155,14 +285,14 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
     if let Some(p) = &m.profile.code_pointer
         && !p.starts_with('/')
     {
-        return bad(format!(
+        return Err(format!(
             "profile.code_pointer {p:?} is not a JSON pointer (it starts with '/', e.g. \"/error/code\")"
         ));
     }
     if let Some(v) = &m.profile.replay_marker_value
         && (v.trim().is_empty() || reqwest::header::HeaderValue::from_str(v).is_err())
     {
-        return bad(format!(
+        return Err(format!(
             "profile.replay_marker_value {v:?} is not a header value"
         ));
     }
@@ -170,22 +300,33 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
         && h != NO_REPLAY_MARKER
         && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
     {
-        return bad(format!(
+        return Err(format!(
             "profile.replay_marker {h:?} is not a header name (or \"{NO_REPLAY_MARKER}\")"
         ));
     }
+    Ok(())
+}
+
+/// Every waiver says why, and the run's limits allow a run at all.
+fn validate_waivers_and_limits(m: &Manifest) -> Result<(), String> {
     for w in &m.waivers {
         if w.reason.trim().is_empty() {
-            return bad(format!("waiver for {:?} has no reason", w.case));
+            return Err(format!("waiver for {:?} has no reason", w.case));
         }
     }
     let l = &m.limits;
     if l.requests_per_second == 0 || l.concurrency < 2 || l.request_timeout_ms == 0 {
-        return bad(
+        return Err(
             "limits: requests_per_second and request_timeout_ms must be positive, concurrency at least 2"
                 .to_owned(),
         );
     }
+    Ok(())
+}
+
+/// Hooks and probes name what is declared and are of a kind that can
+/// answer their question.
+fn validate_hooks_and_probes(m: &Manifest) -> Result<(), String> {
     if let Some(name) = m
         .hooks
         .failpoint
@@ -193,14 +334,14 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
         .and_then(|f| f.recovery_endpoint.as_ref())
         && !m.endpoints.iter().any(|e| &e.name == name)
     {
-        return bad(format!(
+        return Err(format!(
             "hooks.failpoint.recovery_endpoint {name:?} names no declared endpoint"
         ));
     }
     if let Some(c) = &m.probe_caller()
         && !m.callers.iter().any(|k| &k.name == c)
     {
-        return bad(format!("probe.caller {c:?} names no declared caller"));
+        return Err(format!("probe.caller {c:?} names no declared caller"));
     }
     // Keys are per caller: two callers may send the same one. A probe
     // matched by key can tell their effects apart only by asking as each
@@ -218,13 +359,13 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
                 caller: Some(_), ..
             } = p
         {
-            return bad(format!(
+            return Err(format!(
                 "{what}: a probe matched by idempotency key must ask as each operation's own caller (drop its caller), since two callers may use one key"
             ));
         }
     }
     if let Some(EffectProbe::ResourceId { .. }) = &m.hooks.execution_probe {
-        return bad(
+        return Err(
             "hooks.execution_probe: must be kind = \"count\" or \"list\" (a GET that counts handler runs)"
                 .to_owned(),
         );
@@ -232,12 +373,10 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
     match &m.hooks.foreign_probe {
         // Only the resource-id probe reads the target's own answers; a
         // foreign system has to be asked.
-        Some(idem_spec::manifest::EffectProbe::ResourceId { .. }) => {
-            return bad(
-                "hooks.foreign_probe: must be kind = \"count\" or \"list\" (a GET to the foreign system)"
-                    .to_owned(),
-            );
-        }
+        Some(idem_spec::manifest::EffectProbe::ResourceId { .. }) => Err(
+            "hooks.foreign_probe: must be kind = \"count\" or \"list\" (a GET to the foreign system)"
+                .to_owned(),
+        ),
         Some(
             idem_spec::manifest::EffectProbe::Count {
                 caller: Some(c), ..
@@ -245,14 +384,11 @@ pub fn validate(m: &Manifest) -> Result<(), Error> {
             | idem_spec::manifest::EffectProbe::List {
                 caller: Some(c), ..
             },
-        ) if !m.callers.iter().any(|k| &k.name == c) => {
-            return bad(format!(
-                "hooks.foreign_probe.caller {c:?} names no declared caller"
-            ));
-        }
-        _ => {}
+        ) if !m.callers.iter().any(|k| &k.name == c) => Err(format!(
+            "hooks.foreign_probe.caller {c:?} names no declared caller"
+        )),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// The four errors of the contract, the ones profiles disagree on.
@@ -288,7 +424,8 @@ pub trait ManifestExt {
     /// (`profile.code_pointer`, default `/code`).
     fn code_of(&self, r: &crate::server::http::Response) -> Option<String>;
     /// Whether the target holds in-flight duplicates rather than refusing
-    /// them (`policy.in_flight` is `always_wait` or `none`).
+    /// them (`policy.in_flight` is `always_wait`, `wait_or_conflict_on_race`
+    /// or `none`): a duplicate sent after the claim committed is held.
     fn never_refuses_in_flight(&self) -> bool;
     /// Whether `status` is one the target answers for an unsupported route
     /// or method.
@@ -343,6 +480,11 @@ impl ManifestExt for Manifest {
             .replay_marker_value
             .as_deref()
             .unwrap_or("true");
+        // A marker whose value is the request's key: its presence marks a
+        // replay (a first execution does not send it).
+        if want.trim() == MARKER_IS_KEY {
+            return Some(r.header(h).is_some_and(|v| !v.trim().is_empty()));
+        }
         Some(
             r.header(h)
                 .is_some_and(|v| v.trim().eq_ignore_ascii_case(want.trim())),
@@ -370,7 +512,7 @@ impl ManifestExt for Manifest {
         use idem_spec::manifest::InFlightMode;
         matches!(
             self.policy.in_flight,
-            InFlightMode::AlwaysWait | InFlightMode::None
+            InFlightMode::AlwaysWait | InFlightMode::None | InFlightMode::WaitOrConflictOnRace
         )
     }
 
@@ -560,7 +702,8 @@ base_url = "http://127.0.0.1:8080"
 base = "reference"
 # The header that marks a replay, or "none" when replays are not marked:
 # replay_marker = "Idempotent-Replayed"
-# The marker's value on a replay, when it is not "true" (compared without case):
+# The marker's value on a replay, when it is not "true" (compared without case),
+# or "{{key}}" when the marker's value is the request's idempotency key:
 # replay_marker_value = "true"
 # Where your error bodies carry their code, as a JSON pointer, when it is not
 # a top-level "code" (e.g. {"error": {"code": "..."}}); the distinct-errors
@@ -579,8 +722,16 @@ base = "reference"
 # status = 409
 # pattern = "in progress"
 
+# The keys you accept, when narrower than the contract's (1 to 255 visible ASCII
+# characters): format "any" or "uuid", a max_len, a prefix, a charset ("visible",
+# "alnum_dash", "alnum" or "hex"). Every key the kit sends to use an endpoint then
+# follows it (the key-grammar cases still send the contract's boundary keys):
+# [key]
+# format = "uuid"
+
 # Two or more identities; per-caller scoping needs two. Header values are
-# secrets: reports and curl reproductions redact them.
+# secrets: reports and curl reproductions redact them. Any string in this file
+# may name an environment variable as ${NAME} (a CI secret); $${ is a literal ${.
 [[callers]]
 name = "alice"
 headers = { Authorization = "Bearer demo-alice" }
@@ -623,6 +774,8 @@ replay_window_secs = 86400
 #   "conflict_or_wait": refused as in use at once, or held and replayed with Prefer: wait=N
 #   "conflict":         refused as in use at once
 #   "always_wait":      always held until the first request finishes, then replayed
+#   "wait_or_conflict_on_race": held and replayed, except the loser of a race for the
+#                       claim itself, refused as in use at once
 #   "none":             you keep no in-flight state (duplicates are serialised behind
 #                       the first, or refused some other way); only "not executed" is checked
 in_flight = "conflict_or_wait"
@@ -630,10 +783,13 @@ in_flight = "conflict_or_wait"
 # stored, 5xx never), "store_everything" or "success_only" (both deviate; the
 # failure cases say so and still check the contract):
 failure_policy = "final_unless_server_error"
-# What your request fingerprint covers beyond method and body. If it leaves
-# the query string out, say so: a request differing only in its query is then
-# a declared difference (interop), not judged as a different request:
-# fingerprint = { query = true }
+# What your request fingerprint covers, when it is not the contract's (method,
+# path with query, body). Leaving the query out makes a request differing only
+# in its query a declared difference (interop). Headers you fingerprint (["*"]:
+# all) make a true retry with a new traceparent a declared difference too. A
+# body or path left out is said in the report, but another request's answer
+# replayed is still unsafe:
+# fingerprint = { query = true, path = true, body = true, headers = [] }
 
 # How the kit counts side effects (read-only GETs only). One of:
 #   kind = "list":  count items whose match_pointer equals the run marker
@@ -679,6 +835,42 @@ property_sequences = 8        # generated operation sequences (0 disables)
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn environment_variables_fill_manifest_values() {
+        let env = |n: &str| (n == "API_TOKEN").then(|| "s3cr\"et".to_owned());
+        assert_eq!(
+            expand_env("Bearer ${API_TOKEN}", &env).as_deref(),
+            Ok("Bearer s3cr\"et")
+        );
+        assert_eq!(
+            expand_env("cost $5, $${LITERAL}", &env).as_deref(),
+            Ok("cost $5, ${LITERAL}")
+        );
+        let e = expand_env("${MISSING}", &env).expect_err("unset");
+        assert!(e.contains("MISSING") && e.contains("not set"), "{e}");
+        assert!(expand_env("${a b}", &env).is_err());
+        assert!(expand_env("${OPEN", &env).is_err());
+        // Through the whole manifest: a quote in the secret cannot break
+        // the TOML, and the hash is the file's, before substitution.
+        let text = TEMPLATE.replacen("Bearer ", "Bearer ${API_TOKEN}", 1);
+        let loaded = parse_with_env(&text, "t", &env).expect("loads");
+        let headers = serde_json::to_string(&loaded.manifest.callers).expect("json");
+        assert!(headers.contains("s3cr\\\"et"), "{headers}");
+        assert_eq!(loaded.sha256, sha256_hex(text.as_bytes()));
+        let e = parse_with_env(&text, "t", &|_| None).expect_err("unset");
+        assert!(e.to_string().contains("API_TOKEN"), "{e}");
+    }
+
+    #[test]
+    fn a_budget_below_the_default_is_warned_about() {
+        let mut m = parse(TEMPLATE, "t").expect("template").manifest;
+        assert!(warnings(&m).is_empty());
+        m.limits.max_side_effects = OLD_DEFAULT_BUDGET;
+        let w = warnings(&m);
+        assert!(w.len() == 1 && w[0].contains("old default"), "{w:?}");
+    }
+
     use super::*;
     use idem_spec::Profile;
 

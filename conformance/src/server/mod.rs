@@ -4,7 +4,9 @@
 pub mod case;
 pub mod cases;
 pub mod demo;
+pub mod dialect;
 pub mod http;
+pub mod keyform;
 pub mod manifest;
 pub mod model;
 pub mod openapi;

@@ -19,6 +19,7 @@
 
 use idem_conformance_core::clause;
 use idem_conformance_core::clause::ClauseId;
+use idem_conformance_core::verdict::Consequence;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,8 +34,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::server::case::{Aim, Case, Ctx, Rec};
 use crate::server::cases::concurrency;
+use crate::server::dialect::Dialect;
 use crate::server::http::{Failure, Response, Sent};
-use crate::server::manifest::{ManifestExt, expand};
+use crate::server::manifest::expand;
 use crate::server::probe::ProbeError;
 
 /// Keys per sequence (small, so collisions between operations are common).
@@ -293,16 +295,25 @@ pub enum Judged {
 
 fn finding(
     clause: ClauseId,
-    class: Class,
+    seen: Consequence,
     permitted: impl Into<String>,
     observed: impl Into<String>,
 ) -> Judged {
     Judged::Violation(Finding {
         clause,
-        class,
+        class: seen.class(),
         permitted: permitted.into(),
         observed: observed.into(),
     })
+}
+
+/// The answers of a step, one summary each, as findings show them.
+fn summaries(answers: &[&Response]) -> String {
+    answers
+        .iter()
+        .map(|r| r.summary())
+        .collect::<Vec<_>>()
+        .join(" | ")
 }
 
 /// Judges one step's answers against what the contract permits. `leak` is
@@ -312,7 +323,7 @@ fn finding(
 /// classified by the concurrency gate's own rules
 /// ([`concurrency::classify`]). Pure.
 pub fn judge(
-    ctx: &Ctx,
+    dialect: &Dialect<'_>,
     expected: &Expect,
     sent: &[Sent],
     leak: Option<&str>,
@@ -320,15 +331,11 @@ pub fn judge(
     want: u64,
 ) -> Judged {
     let answers: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
-    let shown = answers
-        .iter()
-        .map(|r| r.summary())
-        .collect::<Vec<_>>()
-        .join(" | ");
+    let shown = summaries(&answers);
     if let Some(proof) = leak {
         return finding(
             clause!("idem.scope.caller"),
-            Class::Safety,
+            Consequence::CrossCaller,
             "never the other caller's stored response",
             format!("{shown} ({proof})"),
         );
@@ -338,150 +345,199 @@ pub fn judge(
             other_caller,
             after_expiry,
             copies,
-        } => {
-            let o = concurrency::classify(ctx, sent);
-            let Some(first) = answers.iter().find(|r| ctx.executed(r, None)) else {
-                if o.throttled > 0 {
-                    // Shed load says nothing about the key.
-                    return Judged::Undecided(format!("the target shed load ({shown})"));
-                }
-                let (clause, permitted) = if other_caller.is_some() {
-                    (
-                        clause!("idem.scope.caller"),
-                        "the other caller's use of the key neither blocks nor refuses this one: it executes",
-                    )
-                } else if *after_expiry {
-                    (
-                        clause!("idem.window.expiry"),
-                        "a key reused after its window executes as a new request",
-                    )
-                } else {
-                    (
-                        clause!("idem.state.three-states"),
-                        "an absent key executes: a 2xx that is not a replay",
-                    )
-                };
-                return finding(clause, Class::Semantics, permitted, shown);
-            };
-            let mut exercised = vec![clause!("idem.state.three-states")];
-            if other_caller.is_some() {
-                exercised.push(clause!("idem.scope.caller"));
-            }
-            if *after_expiry {
-                exercised.push(clause!("idem.window.expiry"));
-            }
-            if *copies > 1 {
-                exercised.push(clause!("idem.concurrency.single-effect"));
-                // More than one execution answered, or answers that are
-                // neither refusals nor replays: the count decides first, so
-                // a safety failure is never masked by a milder one.
-                if o.executed > 1 || !o.other.is_empty() {
-                    match count {
-                        None => return Judged::NeedsCount,
-                        Some(got) if got > 1 => {
-                            return finding(
-                                clause!("idem.concurrency.single-effect"),
-                                Class::Safety,
-                                format!("{copies} concurrent copies with one key: one effect"),
-                                format!("{got} effects; answers {shown}"),
-                            );
-                        }
-                        Some(_) => {}
-                    }
-                }
-                if !o.other.is_empty() {
-                    return finding(
-                        clause!("idem.concurrency.single-effect"),
-                        Class::Semantics,
-                        "every other copy refused or answered with an identical replay",
-                        concurrency::tally(&o.other),
-                    );
-                }
-            }
-            Judged::Agreed {
-                exercised,
-                executed: Some((*first).clone()),
-            }
-        }
+        } => judge_execute(
+            dialect,
+            sent,
+            &answers,
+            other_caller.is_some(),
+            *after_expiry,
+            *copies,
+            count,
+        ),
         Expect::Replay {
             stored,
             age,
             window,
-        } => {
-            for r in &answers {
-                if stored.as_ref().is_some_and(|f| f.same_outcome(r)) {
-                    continue;
-                }
-                if ctx.executed(r, stored.as_ref()) {
-                    // Executed again: more effects than the model allows is
-                    // the worst case, and only the count can show it.
-                    match count {
-                        None => return Judged::NeedsCount,
-                        Some(got) if got > want => {
-                            return finding(
-                                clause!("idem.replay.no-reexecution"),
-                                Class::Safety,
-                                format!("a resend of a completed request: {want} effect(s)"),
-                                format!("{got} effects; {}", r.summary()),
-                            );
-                        }
-                        Some(_) => {}
-                    }
-                }
-                return match age {
-                    Some(age) => finding(
-                        clause!("idem.window.replay"),
-                        Class::Semantics,
-                        format!("a replay: the key is {age} s old, inside the {window} s window"),
-                        r.summary(),
-                    ),
-                    None => finding(
-                        clause!("idem.replay.verbatim"),
-                        Class::Semantics,
-                        "a verbatim replay of the stored response",
-                        r.summary(),
-                    ),
-                };
-            }
-            let mut exercised = vec![clause!("idem.replay.verbatim")];
-            if age.is_some() {
-                exercised.push(clause!("idem.window.replay"));
-            }
-            Judged::Agreed {
-                exercised,
-                executed: None,
-            }
+        } => judge_replay(
+            dialect,
+            &answers,
+            stored.as_ref(),
+            *age,
+            *window,
+            count,
+            want,
+        ),
+        Expect::Mismatch { stored } => judge_mismatch(dialect, &answers, stored.as_ref()),
+    }
+}
+
+/// [`judge`] of a request whose key is absent for its caller: it executes
+/// (a burst: once in all).
+fn judge_execute(
+    dialect: &Dialect<'_>,
+    sent: &[Sent],
+    answers: &[&Response],
+    other_caller: bool,
+    after_expiry: bool,
+    copies: usize,
+    count: Option<u64>,
+) -> Judged {
+    let shown = summaries(answers);
+    let o = concurrency::classify(dialect, sent);
+    let Some(first) = answers.iter().find(|r| dialect.executed(r, None)) else {
+        if o.throttled > 0 {
+            // Shed load says nothing about the key.
+            return Judged::Undecided(format!("the target shed load ({shown})"));
         }
-        Expect::Mismatch { stored } => {
-            for r in &answers {
-                if stored.as_ref().is_some_and(|f| f.same_outcome(r))
-                    || ctx.manifest.marked(r) == Some(true)
-                    || r.replayed()
-                {
+        let (clause, permitted) = if other_caller {
+            (
+                clause!("idem.scope.caller"),
+                "the other caller's use of the key neither blocks nor refuses this one: it executes",
+            )
+        } else if after_expiry {
+            (
+                clause!("idem.window.expiry"),
+                "a key reused after its window executes as a new request",
+            )
+        } else {
+            (
+                clause!("idem.state.three-states"),
+                "an absent key executes: a 2xx that is not a replay",
+            )
+        };
+        return finding(clause, Consequence::Behaviour, permitted, shown);
+    };
+    let mut exercised = vec![clause!("idem.state.three-states")];
+    if other_caller {
+        exercised.push(clause!("idem.scope.caller"));
+    }
+    if after_expiry {
+        exercised.push(clause!("idem.window.expiry"));
+    }
+    if copies > 1 {
+        exercised.push(clause!("idem.concurrency.single-effect"));
+        // More than one execution answered, or answers that are
+        // neither refusals nor replays: the count decides first, so
+        // a safety failure is never masked by a milder one.
+        if o.executed > 1 || !o.other.is_empty() {
+            match count {
+                None => return Judged::NeedsCount,
+                Some(got) if got > 1 => {
                     return finding(
-                        clause!("idem.fingerprint.mismatch"),
-                        Class::Safety,
-                        "a changed body under a used key is never answered with the stored response",
-                        r.summary(),
+                        clause!("idem.concurrency.single-effect"),
+                        Consequence::SecondEffect,
+                        format!("{copies} concurrent copies with one key: one effect"),
+                        format!("{got} effects; answers {shown}"),
                     );
                 }
-                if !(400..500).contains(&r.status) {
-                    return finding(
-                        clause!("idem.fingerprint.mismatch"),
-                        Class::Semantics,
-                        format!(
-                            "a changed body under a used key is refused ({} as declared)",
-                            ctx.spelled(idem_spec::ErrorCode::IdempotencyKeyMismatch)
-                        ),
-                        r.summary(),
-                    );
-                }
-            }
-            Judged::Agreed {
-                exercised: vec![clause!("idem.fingerprint.mismatch")],
-                executed: None,
+                Some(_) => {}
             }
         }
+        if !o.other.is_empty() {
+            return finding(
+                clause!("idem.concurrency.single-effect"),
+                Consequence::Behaviour,
+                "every other copy refused or answered with an identical replay",
+                concurrency::tally(&o.other),
+            );
+        }
+    }
+    Judged::Agreed {
+        exercised,
+        executed: Some((*first).clone()),
+    }
+}
+
+/// [`judge`] of the same request under a completed key: a replay, never a
+/// second execution.
+fn judge_replay(
+    dialect: &Dialect<'_>,
+    answers: &[&Response],
+    stored: Option<&Response>,
+    age: Option<u64>,
+    window: u64,
+    count: Option<u64>,
+    want: u64,
+) -> Judged {
+    for r in answers {
+        if stored.is_some_and(|f| f.same_outcome(r)) {
+            continue;
+        }
+        if dialect.executed(r, stored) {
+            // Executed again: more effects than the model allows is
+            // the worst case, and only the count can show it.
+            match count {
+                None => return Judged::NeedsCount,
+                Some(got) if got > want => {
+                    return finding(
+                        clause!("idem.replay.no-reexecution"),
+                        Consequence::SecondEffect,
+                        format!("a resend of a completed request: {want} effect(s)"),
+                        format!("{got} effects; {}", r.summary()),
+                    );
+                }
+                Some(_) => {}
+            }
+        }
+        return match age {
+            Some(age) => finding(
+                clause!("idem.window.replay"),
+                Consequence::Behaviour,
+                format!("a replay: the key is {age} s old, inside the {window} s window"),
+                r.summary(),
+            ),
+            None => finding(
+                clause!("idem.replay.verbatim"),
+                Consequence::Behaviour,
+                "a verbatim replay of the stored response",
+                r.summary(),
+            ),
+        };
+    }
+    let mut exercised = vec![clause!("idem.replay.verbatim")];
+    if age.is_some() {
+        exercised.push(clause!("idem.window.replay"));
+    }
+    Judged::Agreed {
+        exercised,
+        executed: None,
+    }
+}
+
+/// [`judge`] of another body under a completed key: refused, never the
+/// stored response.
+fn judge_mismatch(
+    dialect: &Dialect<'_>,
+    answers: &[&Response],
+    stored: Option<&Response>,
+) -> Judged {
+    for r in answers {
+        if stored.is_some_and(|f| f.same_outcome(r))
+            || dialect.marked(r) == Some(true)
+            || r.replayed()
+        {
+            return finding(
+                clause!("idem.fingerprint.mismatch"),
+                Consequence::AnotherRequestsAnswer,
+                "a changed body under a used key is never answered with the stored response",
+                r.summary(),
+            );
+        }
+        if !(400..500).contains(&r.status) {
+            return finding(
+                clause!("idem.fingerprint.mismatch"),
+                Consequence::Behaviour,
+                format!(
+                    "a changed body under a used key is refused ({} as declared)",
+                    dialect.spelled(idem_spec::ErrorCode::IdempotencyKeyMismatch)
+                ),
+                r.summary(),
+            );
+        }
+    }
+    Judged::Agreed {
+        exercised: vec![clause!("idem.fingerprint.mismatch")],
+        executed: None,
     }
 }
 
@@ -494,14 +550,20 @@ pub fn judge_count(marker: &str, want: u64, got: u64, burst: bool) -> Option<Fin
     if got == want {
         return None;
     }
-    let (clause, class) = match (got > want, burst) {
-        (true, true) => (clause!("idem.concurrency.single-effect"), Class::Safety),
-        (true, false) => (clause!("idem.replay.no-reexecution"), Class::Safety),
-        (false, _) => (clause!("idem.state.three-states"), Class::Semantics),
+    let (clause, seen) = match (got > want, burst) {
+        (true, true) => (
+            clause!("idem.concurrency.single-effect"),
+            Consequence::SecondEffect,
+        ),
+        (true, false) => (
+            clause!("idem.replay.no-reexecution"),
+            Consequence::SecondEffect,
+        ),
+        (false, _) => (clause!("idem.state.three-states"), Consequence::Behaviour),
     };
     Some(Finding {
         clause,
-        class,
+        class: seen.class(),
         permitted: format!("{want} effect(s) for {marker:?}"),
         observed: format!("{got} effect(s)"),
     })
@@ -562,26 +624,12 @@ async fn execute_recording(
     };
     let mut narrative: Vec<String> = Vec::new();
     let mut exercised: BTreeSet<ClauseId> = BTreeSet::new();
-    let violation = |narrative: &[String], f: Finding| {
-        Stop::Violation(Violation {
-            clause: f.clause.to_string(),
-            class: f.class,
-            permitted: f.permitted,
-            observed: f.observed,
-            narrative: narrative.to_vec(),
-            reproduction: Vec::new(),
-        })
-    };
-    let probe_stop = |e: ProbeError| match e {
-        ProbeError::NoKey => Stop::Undecided(e.to_string()),
-        ProbeError::Failed(s) => Stop::Harness(s),
-    };
     // marker -> (caller, whether a burst carried it, every answer)
     let mut seen: BTreeMap<String, (u8, bool, Vec<Response>)> = BTreeMap::new();
     let names = [ctx.name(0).to_owned(), ctx.name(1).to_owned()];
     for (i, op) in ops.iter().enumerate() {
         let step = format!("S{}", i + 1);
-        let (caller, key, variant, n) = match *op {
+        let s = match *op {
             Op::Advance { secs } => {
                 ctx.advance_clock(secs).await.map_err(Stop::Harness)?;
                 advance(&mut model, secs);
@@ -595,105 +643,38 @@ async fn execute_recording(
                 caller,
                 key,
                 variant,
-            } => (caller, key, variant, 1usize),
+            } => StepOp {
+                caller,
+                key,
+                variant,
+                n: 1,
+            },
             Op::Burst {
                 caller,
                 key,
                 variant,
                 n,
-            } => (caller, key, variant, usize::from(n)),
-        };
-        // Send.
-        let marker = marker_of(ctx, tag, caller, key, variant);
-        let keyname = format!("{}-{tag}-k{key}", ctx.run_id);
-        let body = expand(
-            &ctx.endpoint().body,
-            ctx.caller(caller as usize),
-            &marker,
-            ctx.amount_at(u64::from(key) * 2 + u64::from(variant)),
-        );
-        let req = ctx.op(caller as usize, Some(&keyname), &marker, &body);
-        repro.push(format!(
-            "# {step}{}\n{}",
-            if n > 1 {
-                format!(" ({n} copies at once)")
-            } else {
-                String::new()
+            } => StepOp {
+                caller,
+                key,
+                variant,
+                n: usize::from(n),
             },
-            ctx.client.curl(&req)
-        ));
-        let sent = if n == 1 {
-            vec![ctx.client.send(&req).await]
-        } else {
-            ctx.client.burst(vec![req; n]).await
         };
-        // The rule: nothing is judged from a request that was not sent or
-        // not answered.
-        if let Some(Err(f)) = sent.iter().find(|s| s.is_err()) {
-            return Err(match f {
-                Failure::Budget(_) | Failure::Connect(_) | Failure::Harness(_) => {
-                    Stop::Harness(format!("{step}: not sent: {f}"))
-                }
-                Failure::Timeout(_) | Failure::Transport(_) => {
-                    Stop::Undecided(format!("{step}: no answer: {f}"))
-                }
-            });
-        }
-        let answers: Vec<Response> = sent
-            .iter()
-            .filter_map(|s| s.as_ref().ok().cloned())
-            .collect();
-        // Narrate.
-        narrative.push(format!(
-            "{step}: {} sends {}key k{key} with body {variant} → {}",
-            names[caller as usize],
-            if n > 1 {
-                format!("{n} concurrent copies, ")
-            } else {
-                String::new()
-            },
-            answers
-                .iter()
-                .map(Response::summary)
-                .collect::<Vec<_>>()
-                .join(" | ")
-        ));
+        let (marker, sent, answers) = send_step(ctx, tag, &step, s, repro).await?;
+        let StepOp {
+            caller,
+            key,
+            variant,
+            n,
+        } = s;
+        narrative.push(narrate(&step, &names[caller as usize], s, &answers));
         let entry = seen
             .entry(marker.clone())
             .or_insert_with(|| (caller, false, Vec::new()));
         entry.1 |= n > 1;
         entry.2.extend(answers.iter().cloned());
-        // Judge, gathering what the judge needs.
-        let expected = expect(&model, caller, key, variant, n);
-        let want = model.effects.get(&marker).copied().unwrap_or(0);
-        // A response only the other caller could have been given is a
-        // leak, whatever this caller's own state; what proves it, the
-        // loop asks the probe (identical documents alone are not proof).
-        let other = 1 - caller.min(1);
-        let mut leak = None;
-        if let Some(s) = model.keys.get(&(other, key))
-            && let Some(o) = s.response.as_ref()
-        {
-            let other_marker = marker_of(ctx, tag, other, key, s.variant);
-            for r in answers.iter().filter(|r| r.same_payload(o)) {
-                leak = ctx
-                    .is_leak(caller as usize, &marker, want, r, o, Some(&other_marker))
-                    .await
-                    .map_err(probe_stop)?;
-                if leak.is_some() {
-                    break;
-                }
-            }
-        }
-        let mut verdict = judge(ctx, &expected, &sent, leak.as_deref(), None, want);
-        if verdict == Judged::NeedsCount {
-            let refs: Vec<&Response> = answers.iter().collect();
-            let got = ctx
-                .effects(caller as usize, &marker, &refs)
-                .await
-                .map_err(probe_stop)?;
-            verdict = judge(ctx, &expected, &sent, leak.as_deref(), Some(got), want);
-        }
+        let verdict = judge_step(ctx, &model, tag, s, &marker, &sent, &answers).await?;
         // Apply.
         match verdict {
             Judged::Agreed {
@@ -712,7 +693,42 @@ async fn execute_recording(
             }
         }
     }
-    for (marker, (caller, burst, responses)) in &seen {
+    judge_final_counts(ctx, &model, &seen, &mut narrative).await?;
+    if !seen.is_empty() {
+        exercised.insert(clause!("idem.replay.no-reexecution"));
+    }
+    Ok(exercised)
+}
+
+/// The narrative line of one sending step.
+fn narrate(step: &str, name: &str, s: StepOp, answers: &[Response]) -> String {
+    let StepOp {
+        key, variant, n, ..
+    } = s;
+    format!(
+        "{step}: {name} sends {}key k{key} with body {variant} → {}",
+        if n > 1 {
+            format!("{n} concurrent copies, ")
+        } else {
+            String::new()
+        },
+        answers
+            .iter()
+            .map(Response::summary)
+            .collect::<Vec<_>>()
+            .join(" | ")
+    )
+}
+
+/// After the last step: each operation's effect count against the
+/// model's, judged by [`judge_count`].
+async fn judge_final_counts(
+    ctx: &Ctx,
+    model: &Model,
+    seen: &BTreeMap<String, (u8, bool, Vec<Response>)>,
+    narrative: &mut Vec<String>,
+) -> Result<(), Stop> {
+    for (marker, (caller, burst, responses)) in seen {
         let want = model.effects.get(marker).copied().unwrap_or(0);
         let refs: Vec<&Response> = responses.iter().collect();
         let got = ctx
@@ -721,13 +737,162 @@ async fn execute_recording(
             .map_err(probe_stop)?;
         if let Some(f) = judge_count(marker, want, got, *burst) {
             narrative.push(format!("the probe counts {got} effect(s) for {marker:?}"));
-            return Err(violation(&narrative, f));
+            return Err(violation(narrative, f));
         }
     }
-    if !seen.is_empty() {
-        exercised.insert(clause!("idem.replay.no-reexecution"));
+    Ok(())
+}
+
+/// One sending step of a sequence: `n` copies of `caller`'s request under
+/// key `key` with body `variant`.
+#[derive(Debug, Clone, Copy)]
+struct StepOp {
+    caller: u8,
+    key: u8,
+    variant: u8,
+    n: usize,
+}
+
+/// A finding of the judge as the sequence's stop, with the narrative so far.
+fn violation(narrative: &[String], f: Finding) -> Stop {
+    Stop::Violation(Violation {
+        clause: f.clause.to_string(),
+        class: f.class,
+        permitted: f.permitted,
+        observed: f.observed,
+        narrative: narrative.to_vec(),
+        reproduction: Vec::new(),
+    })
+}
+
+/// A probe that cannot count: undecided without a key to match by, a
+/// harness error when it failed.
+fn probe_stop(e: ProbeError) -> Stop {
+    match e {
+        ProbeError::NoKey => Stop::Undecided(e.to_string()),
+        ProbeError::Failed(s) => Stop::Harness(s),
     }
-    Ok(exercised)
+}
+
+/// Sends one step (recording its curl line) and returns its marker, what
+/// was sent and the answers; a copy not sent or not answered stops the
+/// sequence, since nothing is judged from it.
+async fn send_step(
+    ctx: &Ctx,
+    tag: &str,
+    step: &str,
+    s: StepOp,
+    repro: &mut Vec<String>,
+) -> Result<(String, Vec<Sent>, Vec<Response>), Stop> {
+    let StepOp {
+        caller,
+        key,
+        variant,
+        n,
+    } = s;
+    let marker = marker_of(ctx, tag, caller, key, variant);
+    // The same key for the same (tag, key) in every step, in the target's
+    // declared grammar.
+    let keyname = crate::server::keyform::mint(
+        &ctx.manifest.key,
+        &format!("{}-{tag}", ctx.run_id),
+        u64::from(key),
+    );
+    let body = expand(
+        &ctx.endpoint().body,
+        ctx.caller(caller as usize),
+        &marker,
+        ctx.amount_at(u64::from(key) * 2 + u64::from(variant)),
+    );
+    let req = ctx.op(caller as usize, Some(&keyname), &marker, &body);
+    repro.push(format!(
+        "# {step}{}\n{}",
+        if n > 1 {
+            format!(" ({n} copies at once)")
+        } else {
+            String::new()
+        },
+        ctx.client.curl(&req)
+    ));
+    let sent = if n == 1 {
+        vec![ctx.client.send(&req).await]
+    } else {
+        ctx.client.burst(vec![req; n]).await
+    };
+    // The rule: nothing is judged from a request that was not sent or
+    // not answered.
+    if let Some(Err(f)) = sent.iter().find(|s| s.is_err()) {
+        return Err(match f {
+            Failure::Budget(_) | Failure::Connect(_) | Failure::Harness(_) => {
+                Stop::Harness(format!("{step}: not sent: {f}"))
+            }
+            Failure::Timeout(_) | Failure::Transport(_) => {
+                Stop::Undecided(format!("{step}: no answer: {f}"))
+            }
+        });
+    }
+    let answers: Vec<Response> = sent
+        .iter()
+        .filter_map(|s| s.as_ref().ok().cloned())
+        .collect();
+    Ok((marker, sent, answers))
+}
+
+/// Judges one step against the model, gathering what the judge needs: the
+/// proof that an answer is the other caller's, and the count when asked.
+async fn judge_step(
+    ctx: &Ctx,
+    model: &Model,
+    tag: &str,
+    s: StepOp,
+    marker: &str,
+    sent: &[Sent],
+    answers: &[Response],
+) -> Result<Judged, Stop> {
+    let StepOp {
+        caller,
+        key,
+        variant,
+        n,
+    } = s;
+    let expected = expect(model, caller, key, variant, n);
+    let want = model.effects.get(marker).copied().unwrap_or(0);
+    // A response only the other caller could have been given is a
+    // leak, whatever this caller's own state; what proves it, the
+    // loop asks the probe (identical documents alone are not proof).
+    let other = 1 - caller.min(1);
+    let mut leak = None;
+    if let Some(s) = model.keys.get(&(other, key))
+        && let Some(o) = s.response.as_ref()
+    {
+        let other_marker = marker_of(ctx, tag, other, key, s.variant);
+        for r in answers.iter().filter(|r| r.same_payload(o)) {
+            leak = ctx
+                .is_leak(caller as usize, marker, want, r, o, Some(&other_marker))
+                .await
+                .map_err(probe_stop)?;
+            if leak.is_some() {
+                break;
+            }
+        }
+    }
+    let mut verdict = judge(&ctx.dialect(), &expected, sent, leak.as_deref(), None, want);
+    if verdict == Judged::NeedsCount {
+        let refs: Vec<&Response> = answers.iter().collect();
+        let got = ctx
+            .effects(caller as usize, marker, &refs)
+            .await
+            .map_err(probe_stop)?;
+        verdict = judge(
+            &ctx.dialect(),
+            &expected,
+            sent,
+            leak.as_deref(),
+            Some(got),
+            want,
+        );
+    }
+    Ok(verdict)
 }
 
 /// The property phase as a case, so it appears in every report.
@@ -767,6 +932,50 @@ async fn property(rec: &mut Rec) {
     }
     let ctx: Arc<Ctx> = rec.ctx.clone();
     let seed = ctx.seed;
+    let Search { outcome, seen } = search(ctx.clone(), cases).await;
+    match outcome {
+        Ok(Ok(())) => report_agreed(rec, cases, seed, seen),
+        Ok(Err(Some(found))) if found.1.is_some() => {
+            let (ops, v) = *found;
+            let Some(v) = v else { return };
+            report_counterexample(rec, &ctx, ops, v).await;
+        }
+        Ok(Err(_)) => rec.stop(Verdict::Error, "the property runner aborted"),
+        Err(e) => rec.stop(Verdict::Error, format!("property phase panicked: {e}")),
+    }
+}
+
+/// The failing sequence, shrunk, with the violation its last run saw
+/// (`None` as a whole: the runner aborted without one).
+type Shrunk = Option<Box<(Vec<Op>, Option<Violation>)>>;
+
+/// What the property search ended with.
+struct Search {
+    /// Every sequence agreed (or was undecided); or the shrunk failing
+    /// sequence with its violation (`None`: the runner aborted); or the
+    /// search panicked.
+    outcome: Result<Result<(), Shrunk>, tokio::task::JoinError>,
+    /// What the agreeing sequences showed.
+    seen: Seen,
+}
+
+/// What the agreeing sequences of a search showed.
+struct Seen {
+    /// Sequences executed, shrinking included.
+    executions: u64,
+    /// What every agreeing sequence exercised.
+    exercised: BTreeSet<ClauseId>,
+    /// The reproduction of the longest agreeing sequence, as an example.
+    example: Vec<String>,
+    /// The first undecided sequence (or the last harness error).
+    undecided: Option<(Verdict, String)>,
+}
+
+/// Runs `cases` generated sequences from the run's seed under proptest's
+/// runner (blocking, on its own thread; each sequence driven on the
+/// runtime), shrinking the first that fails.
+async fn search(ctx: Arc<Ctx>, cases: u32) -> Search {
+    let seed = ctx.seed;
     let handle = tokio::runtime::Handle::current();
     let counter = Arc::new(AtomicU64::new(0));
     let c2 = counter.clone();
@@ -778,7 +987,7 @@ async fn property(rec: &mut Rec) {
     let ex3 = example.clone();
     let undecided = Arc::new(std::sync::Mutex::new(None::<(Verdict, String)>));
     let (ex2, un2) = (exercised.clone(), undecided.clone());
-    let result = tokio::task::spawn_blocking(move || {
+    let outcome = tokio::task::spawn_blocking(move || {
         let mut seed_bytes = [0u8; 32];
         seed_bytes[..8].copy_from_slice(&seed.to_le_bytes());
         let config = Config {
@@ -842,110 +1051,122 @@ async fn property(rec: &mut Rec) {
         }
     })
     .await;
-    let executed = counter.load(Ordering::SeqCst);
-    match result {
-        Ok(Ok(())) => {
-            let exercised = exercised.lock().map(|e| e.clone()).unwrap_or_default();
-            rec.note(format!(
-                "{cases} generated sequences ({executed} executions, seed {seed}) agreed with the model"
-            ));
-            // A clause passes only when a sequence exercised it.
-            for c in case().clauses {
-                if exercised.contains(c) {
-                    rec.check(
-                        *c,
-                        true,
-                        "as the model predicts",
-                        format!("{cases} sequences agreed"),
-                    );
-                }
-            }
-            let skipped: Vec<&str> = case()
-                .clauses
-                .iter()
-                .copied()
-                .filter(|c| !exercised.contains(c))
-                .map(ClauseId::as_str)
-                .collect();
-            if !skipped.is_empty() {
-                rec.note(format!(
-                    "not exercised by these sequences (no verdict from this case): {}",
-                    skipped.join(", ")
-                ));
-            }
-            let example = example.lock().map(|e| e.clone()).unwrap_or_default();
-            if !example.is_empty() {
-                rec.reproduction
-                    .push("# the longest generated sequence, which agreed with the model:".into());
-                rec.reproduction.extend(example);
-            }
-            if let Some((v, why)) = undecided.lock().ok().and_then(|u| u.clone()) {
-                rec.stop(
-                    v,
-                    format!("a generated sequence could not be decided: {why}"),
-                );
-            }
-        }
-        Ok(Err(Some(found))) if found.1.is_some() => {
-            let (ops, v) = *found;
-            let Some(v) = v else { return };
-            // Re-run the shrunk sequence once more for its own narrative.
-            let final_v = match execute(&ctx, &ops, &format!("p{}", ctx.unique())).await {
-                Err(Stop::Violation(again)) => again,
-                _ => v,
-            };
-            let cx = Counterexample {
-                kit_version: idem_conformance_core::KIT_VERSION.to_owned(),
-                seed,
-                ops: ops.clone(),
-                violation: final_v.clone(),
-            };
-            let file = ctx
-                .artifacts
-                .join(format!("counterexample-{}.json", ctx.run_id))
-                .display()
-                .to_string();
-            let saved = serde_json::to_string_pretty(&cx)
-                .map_err(|e| e.to_string())
-                .and_then(|s| std::fs::write(&file, s).map_err(|e| e.to_string()));
-            rec.note(format!(
-                "shrunk to {} operation(s) (seed {seed}):",
-                ops.len()
-            ));
-            for l in &final_v.narrative {
-                rec.note(l.clone());
-            }
-            rec.reproduction
-                .extend(final_v.reproduction.iter().cloned());
-            match saved {
-                Ok(()) => rec.note(format!(
-                    "saved as {file}; re-run with: idem-conformance replay {file} --target MANIFEST"
-                )),
-                Err(e) => rec.note(format!("could not save the counterexample: {e}")),
-            }
-            let clause = case()
-                .clauses
-                .iter()
-                .copied()
-                .find(|c| *c == final_v.clause)
-                .unwrap_or(clause!("idem.state.three-states"));
-            rec.check_as(
-                clause,
-                final_v.class,
-                false,
-                final_v.permitted.clone(),
-                final_v.observed.clone(),
+    let seen = Seen {
+        executions: counter.load(Ordering::SeqCst),
+        exercised: exercised.lock().map(|e| e.clone()).unwrap_or_default(),
+        example: example.lock().map(|e| e.clone()).unwrap_or_default(),
+        undecided: undecided.lock().ok().and_then(|u| u.clone()),
+    };
+    Search { outcome, seen }
+}
+
+/// Every sequence agreed: the clauses they exercised pass, the others get
+/// no verdict from this case, and an undecided sequence decides the
+/// verdict.
+fn report_agreed(rec: &mut Rec, cases: u32, seed: u64, seen: Seen) {
+    let Seen {
+        executions: executed,
+        exercised,
+        example,
+        undecided,
+    } = seen;
+    rec.note(format!(
+        "{cases} generated sequences ({executed} executions, seed {seed}) agreed with the model"
+    ));
+    // A clause passes only when a sequence exercised it.
+    for c in case().clauses {
+        if exercised.contains(c) {
+            rec.check(
+                *c,
+                true,
+                "as the model predicts",
+                format!("{cases} sequences agreed"),
             );
-            rec.headline(format!(
-                "{} generated operation(s): got {}; the contract: {}",
-                ops.len(),
-                final_v.observed,
-                final_v.permitted
-            ));
         }
-        Ok(Err(_)) => rec.stop(Verdict::Error, "the property runner aborted"),
-        Err(e) => rec.stop(Verdict::Error, format!("property phase panicked: {e}")),
     }
+    let skipped: Vec<&str> = case()
+        .clauses
+        .iter()
+        .copied()
+        .filter(|c| !exercised.contains(c))
+        .map(ClauseId::as_str)
+        .collect();
+    if !skipped.is_empty() {
+        rec.note(format!(
+            "not exercised by these sequences (no verdict from this case): {}",
+            skipped.join(", ")
+        ));
+    }
+    if !example.is_empty() {
+        rec.reproduction
+            .push("# the longest generated sequence, which agreed with the model:".into());
+        rec.reproduction.extend(example);
+    }
+    if let Some((v, why)) = undecided {
+        rec.stop(
+            v,
+            format!("a generated sequence could not be decided: {why}"),
+        );
+    }
+}
+
+/// A sequence failed: the shrunk one is re-run for its own narrative,
+/// saved as a counterexample for `replay`, and fails its clause.
+async fn report_counterexample(rec: &mut Rec, ctx: &Ctx, ops: Vec<Op>, v: Violation) {
+    let seed = ctx.seed;
+    // Re-run the shrunk sequence once more for its own narrative.
+    let final_v = match execute(ctx, &ops, &format!("p{}", ctx.unique())).await {
+        Err(Stop::Violation(again)) => again,
+        _ => v,
+    };
+    let cx = Counterexample {
+        kit_version: idem_conformance_core::KIT_VERSION.to_owned(),
+        seed,
+        ops: ops.clone(),
+        violation: final_v.clone(),
+    };
+    let file = ctx
+        .artifacts
+        .join(format!("counterexample-{}.json", ctx.run_id))
+        .display()
+        .to_string();
+    let saved = serde_json::to_string_pretty(&cx)
+        .map_err(|e| e.to_string())
+        .and_then(|s| std::fs::write(&file, s).map_err(|e| e.to_string()));
+    rec.note(format!(
+        "shrunk to {} operation(s) (seed {seed}):",
+        ops.len()
+    ));
+    for l in &final_v.narrative {
+        rec.note(l.clone());
+    }
+    rec.reproduction
+        .extend(final_v.reproduction.iter().cloned());
+    match saved {
+        Ok(()) => rec.note(format!(
+            "saved as {file}; re-run with: idem-conformance replay {file} --target MANIFEST"
+        )),
+        Err(e) => rec.note(format!("could not save the counterexample: {e}")),
+    }
+    let clause = case()
+        .clauses
+        .iter()
+        .copied()
+        .find(|c| *c == final_v.clause)
+        .unwrap_or(clause!("idem.state.three-states"));
+    rec.check_decided(
+        clause,
+        final_v.class,
+        false,
+        final_v.permitted.clone(),
+        final_v.observed.clone(),
+    );
+    rec.headline(format!(
+        "{} generated operation(s): got {}; the contract: {}",
+        ops.len(),
+        final_v.observed,
+        final_v.permitted
+    ));
 }
 
 #[cfg(test)]
@@ -985,13 +1206,10 @@ mod tests {
         assert_eq!(back.ops, cx.ops);
     }
 
-    fn ctx() -> Ctx {
-        let m = crate::server::manifest::parse(crate::server::manifest::TEMPLATE, "t")
+    fn manifest() -> idem_spec::manifest::Manifest {
+        crate::server::manifest::parse(crate::server::manifest::TEMPLATE, "t")
             .expect("template")
-            .manifest;
-        let client = crate::server::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
-            .expect("client");
-        Ctx::new(m, client, "run".into(), 1)
+            .manifest
     }
 
     fn r(status: u16, body: &str, replayed: bool) -> Sent {
@@ -1068,9 +1286,12 @@ mod tests {
 
     /// (what, expectation, answers, leak proof, count, want) → judged
     /// clause and class (None: agreed).
+    // Long on purpose: a table of rows, one per judged situation, read
+    // down the page against the judge; splitting it would scatter the rows.
     #[test]
     fn the_judge_table() {
-        let c = ctx();
+        let m = manifest();
+        let c = Dialect(&m);
         let exec = |copies| Expect::Execute {
             other_caller: None,
             after_expiry: false,

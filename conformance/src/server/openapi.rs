@@ -132,89 +132,23 @@ fn body_template(
     op: &Value,
     preferred_marker: &[String],
 ) -> (Value, Vec<String>, Option<String>) {
-    let Some(media) = op
-        .pointer("/requestBody")
-        .map(|b| resolve(doc, b))
-        .and_then(|b| b.get("content"))
-        .and_then(Value::as_object)
-        .and_then(|c| {
-            c.iter()
-                .find(|(k, _)| k.starts_with("application/json") || k.ends_with("+json"))
-                .map(|(_, v)| v)
-        })
-    else {
+    let Some(media) = json_media(doc, op) else {
         return (json!({}), Vec::new(), None);
     };
     let schema = media.get("schema").map(|s| resolve(doc, s));
-    let example = media.get("example").cloned().or_else(|| {
-        media
-            .get("examples")
-            .and_then(Value::as_object)
-            .and_then(|e| e.values().next())
-            .map(|e| resolve(doc, e))
-            .and_then(|e| e.get("value").cloned())
-    });
     let props: Map<String, Value> = schema
         .and_then(|s| s.get("properties"))
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
     let required = schema.map(required_of).unwrap_or_default();
-    let mut body = match example {
+    let mut body = match media_example(doc, media) {
         Some(Value::Object(m)) => m,
         _ => Map::new(),
     };
     let from_example = !body.is_empty();
-    let string_prop = |k: &str| {
-        props
-            .get(k)
-            .is_some_and(|v| type_is(resolve(doc, v), "string"))
-    };
-    // The marker: a field a listing filters by, else a free-text name,
-    // else any string the schema has.
-    let marker = preferred_marker
-        .iter()
-        .find(|k| string_prop(k))
-        .cloned()
-        .or_else(|| {
-            MARKER_NAMES
-                .iter()
-                .find(|k| string_prop(k))
-                .map(|k| (*k).to_owned())
-        })
-        .or_else(|| {
-            props
-                .iter()
-                .find(|(k, v)| {
-                    !required.contains(k)
-                        && type_is(resolve(doc, v), "string")
-                        && resolve(doc, v).get("enum").is_none()
-                        && resolve(doc, v).get("format").is_none()
-                })
-                .map(|(k, _)| k.clone())
-        });
-    let amount = props
-        .iter()
-        .find(|(k, v)| k.as_str() == "amount" && type_is(resolve(doc, v), "integer"))
-        .or_else(|| {
-            props
-                .iter()
-                .find(|(_, v)| type_is(resolve(doc, v), "integer"))
-        })
-        .map(|(k, _)| k.clone());
-    // An example without a schema to go by: its integer `amount` is
-    // drawn, and a free-text member by a known name carries the marker.
-    let amount = amount.or_else(|| {
-        body.get("amount")
-            .filter(|v| v.is_i64())
-            .map(|_| "amount".to_owned())
-    });
-    let marker = marker.or_else(|| {
-        MARKER_NAMES
-            .iter()
-            .find(|k| body.get(**k).is_some_and(Value::is_string))
-            .map(|k| (*k).to_owned())
-    });
+    let marker = marker_field(doc, &props, &required, preferred_marker, &body);
+    let amount = amount_field(doc, &props, &body);
     for (field, template) in [(&amount, "{{amount}}"), (&marker, "{{marker}}")] {
         if let Some(f) = field
             && body.contains_key(f)
@@ -246,6 +180,100 @@ fn body_template(
     let mut body = Value::Object(body);
     strip_nulls(&mut body);
     (body, vars, marker)
+}
+
+/// The operation's JSON request body media type object, if it has one.
+fn json_media<'a>(doc: &'a Value, op: &'a Value) -> Option<&'a Value> {
+    op.pointer("/requestBody")
+        .map(|b| resolve(doc, b))
+        .and_then(|b| b.get("content"))
+        .and_then(Value::as_object)
+        .and_then(|c| {
+            c.iter()
+                .find(|(k, _)| k.starts_with("application/json") || k.ends_with("+json"))
+                .map(|(_, v)| v)
+        })
+}
+
+/// The media type's `example`, else the value of its first `examples`.
+fn media_example(doc: &Value, media: &Value) -> Option<Value> {
+    media.get("example").cloned().or_else(|| {
+        media
+            .get("examples")
+            .and_then(Value::as_object)
+            .and_then(|e| e.values().next())
+            .map(|e| resolve(doc, e))
+            .and_then(|e| e.get("value").cloned())
+    })
+}
+
+/// The field carrying the marker: a string a listing filters by, else a
+/// free-text name, else any optional plain string the schema has; with no
+/// schema to go by, a free-text member of the example by a known name.
+fn marker_field(
+    doc: &Value,
+    props: &Map<String, Value>,
+    required: &[String],
+    preferred: &[String],
+    example: &Map<String, Value>,
+) -> Option<String> {
+    let string_prop = |k: &str| {
+        props
+            .get(k)
+            .is_some_and(|v| type_is(resolve(doc, v), "string"))
+    };
+    preferred
+        .iter()
+        .find(|k| string_prop(k))
+        .cloned()
+        .or_else(|| {
+            MARKER_NAMES
+                .iter()
+                .find(|k| string_prop(k))
+                .map(|k| (*k).to_owned())
+        })
+        .or_else(|| {
+            props
+                .iter()
+                .find(|(k, v)| {
+                    !required.contains(k)
+                        && type_is(resolve(doc, v), "string")
+                        && resolve(doc, v).get("enum").is_none()
+                        && resolve(doc, v).get("format").is_none()
+                })
+                .map(|(k, _)| k.clone())
+        })
+        .or_else(|| {
+            MARKER_NAMES
+                .iter()
+                .find(|k| example.get(**k).is_some_and(Value::is_string))
+                .map(|k| (*k).to_owned())
+        })
+}
+
+/// The integer field drawn per request: `amount` if the schema has it as
+/// an integer, else its first integer; with no schema to go by, the
+/// example's integer `amount`.
+fn amount_field(
+    doc: &Value,
+    props: &Map<String, Value>,
+    example: &Map<String, Value>,
+) -> Option<String> {
+    props
+        .iter()
+        .find(|(k, v)| k.as_str() == "amount" && type_is(resolve(doc, v), "integer"))
+        .or_else(|| {
+            props
+                .iter()
+                .find(|(_, v)| type_is(resolve(doc, v), "integer"))
+        })
+        .map(|(k, _)| k.clone())
+        .or_else(|| {
+            example
+                .get("amount")
+                .filter(|v| v.is_i64())
+                .map(|_| "amount".to_owned())
+        })
 }
 
 /// TOML has no null: members whose value is null are dropped.
@@ -352,21 +380,48 @@ fn auth_headers(doc: &Value, who: &str) -> (BTreeMap<String, String>, Vec<String
 
 /// Seeds a manifest from an OpenAPI 3.x document (JSON).
 pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
-    let doc: Value = serde_json::from_str(text).map_err(|e| Error::ManifestParse {
-        path: origin.to_owned(),
-        message: format!(
-            "not a JSON OpenAPI document ({e}); convert YAML to JSON first, e.g. with `yq -o json`"
-        ),
-    })?;
-    let version = doc.get("openapi").and_then(Value::as_str).unwrap_or("");
-    if !version.starts_with('3') {
-        return Err(Error::ManifestInvalid(format!(
-            "{origin}: an OpenAPI 3.x document is needed (\"openapi\": \"3...\"), found {version:?}"
-        )));
+    seed_with(text, origin, &[])
+}
+
+/// Whether an operation is one `keyed` names: `METHOD /path` (any case for
+/// the method) or its `operationId`.
+fn named(keyed: &[String], method: &str, path: &str, op: &Value) -> bool {
+    keyed.iter().any(|k| {
+        let k = k.trim();
+        op.get("operationId").and_then(Value::as_str) == Some(k)
+            || k.split_once(' ')
+                .is_some_and(|(m, p)| m.eq_ignore_ascii_case(method) && p.trim() == path)
+    })
+}
+
+/// Reads an OpenAPI document as JSON, else as YAML.
+pub fn parse_document(text: &str, origin: &str) -> Result<Value, Error> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(v) => Ok(v),
+        Err(json_err) => serde_saphyr::from_str::<Value>(text).map_err(|yaml_err| {
+            Error::ManifestParse {
+                path: origin.to_owned(),
+                message: format!(
+                    "neither a JSON nor a YAML OpenAPI document (as JSON: {json_err}; as YAML: {yaml_err})"
+                ),
+            }
+        }),
     }
+}
+
+/// [`seed`], also treating the operations `keyed` names as keyed: a
+/// middleware that reads `Idempotency-Key` seldom declares the header, so
+/// the document alone cannot say which operations use it.
+///
+/// The notes come out in the order a reader fills the file in: per
+/// operation (key grammar, marker), then callers, probe and base URL.
+pub fn seed_with(text: &str, origin: &str, keyed: &[String]) -> Result<Seeded, Error> {
+    let doc = parse_document(text, origin)?;
+    require_openapi_3(&doc, origin)?;
     let mut notes = Vec::new();
     let mut endpoints = Vec::new();
     let mut all_vars: Vec<String> = Vec::new();
+    let mut seeded_key = idem_spec::manifest::KeyDecl::default();
     let paths = doc
         .get("paths")
         .and_then(Value::as_object)
@@ -389,79 +444,178 @@ pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
                         .flatten(),
                 )
                 .collect();
-            if !params.iter().any(|p| is_key_param(&doc, p)) {
+            let declared = params.iter().any(|p| is_key_param(&doc, p));
+            if !declared && !named(keyed, method, path, op) {
                 continue;
             }
-            let filters: Vec<String> = item
-                .pointer("/get/parameters")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .map(|p| resolve(&doc, p))
-                .filter(|p| p.get("in").and_then(Value::as_str) == Some("query"))
-                .filter_map(|p| p.get("name").and_then(Value::as_str).map(str::to_owned))
-                .collect();
-            let (body, vars, marker) = body_template(&doc, op, &filters);
-            // Path parameters become caller vars too.
-            let mut templated = path.clone();
-            for seg in path.split('/') {
-                if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
-                    templated = templated.replace(seg, &format!("{{{{{name}}}}}"));
-                    all_vars.push(name.to_owned());
-                }
+            if let Some(k) = params
+                .iter()
+                .find(|p| is_key_param(&doc, p))
+                .and_then(|p| resolve(&doc, p).get("schema"))
+            {
+                key_grammar(&doc, k, &mut seeded_key, &mut notes);
             }
-            all_vars.extend(vars);
-            let name = op
-                .get("operationId")
-                .or_else(|| op.get("summary"))
-                .and_then(Value::as_str)
-                .map_or_else(
-                    || format!("{} {path}", method.to_uppercase()),
-                    str::to_owned,
-                );
-            let probe = marker.as_deref().and_then(|m| list_probe(&doc, path, m));
-            match &marker {
-                None => notes.push(format!(
-                    "{name}: no free-text string in the body to carry the run marker; add one (or a header, endpoints[].headers) and a probe that finds it"
-                )),
-                Some(m) if probe.is_none() => notes.push(format!(
-                    "{name}: the marker goes in {m:?}, but no GET {path}?{m}= listing was found; declare a probe that counts effects by it"
-                )),
-                Some(_) => {}
-            }
-            endpoints.push((
-                Endpoint {
-                    name,
-                    method: method.to_uppercase(),
-                    path: templated,
-                    body,
-                    key_required: params.iter().any(|p| {
-                        is_key_param(&doc, p)
-                            && resolve(&doc, p).get("required").and_then(Value::as_bool)
-                                == Some(true)
-                    }),
-                    rejected_body: None,
-                    replayed_headers: Vec::new(),
-                    probe: None,
-                    server_error_body: None,
-                    amounts: Default::default(),
-                    headers: BTreeMap::new(),
-                },
-                probe,
-            ));
+            let operation = Operation {
+                path,
+                item,
+                method,
+                op,
+                params: &params,
+            };
+            endpoints.push(seeded_endpoint(&doc, &operation, &mut all_vars, &mut notes));
         }
     }
     if endpoints.is_empty() {
         return Err(Error::ManifestInvalid(format!(
-            "{origin}: no operation declares an Idempotency-Key header parameter, so there is nothing to check; declare it on your idempotent operations (the contract asks for that: idem.key.endpoints-published)"
+            "{origin}: no operation declares an Idempotency-Key header parameter, so there is nothing to check; declare it on your idempotent operations (the contract asks for that: idem.key.endpoints-published), or name them with --keyed 'POST /payments' (or an operationId), as for a middleware that reads the header without declaring it"
         )));
     }
     all_vars.sort();
     all_vars.dedup();
+    let callers = seeded_callers(&doc, &all_vars, &mut notes);
+    let (main_probe, endpoints) = share_probe(endpoints, &mut notes);
+    let base_url = seeded_base_url(&doc, &mut notes);
+    let name = doc
+        .pointer("/info/title")
+        .and_then(Value::as_str)
+        .unwrap_or("my API")
+        .to_owned();
+    let manifest = Manifest {
+        target: Target {
+            name: format!("{name} (sandbox)"),
+            base_url,
+            openapi_url: None,
+        },
+        profile: ProfileDecl::default(),
+        callers,
+        endpoints,
+        policy: Default::default(),
+        probe: main_probe,
+        hooks: Hooks::default(),
+        key: seeded_key,
+        limits: Limits::default(),
+        waivers: Vec::new(),
+    };
+    Ok(Seeded { manifest, notes })
+}
+
+/// Refuses anything but an OpenAPI 3.x document.
+fn require_openapi_3(doc: &Value, origin: &str) -> Result<(), Error> {
+    let version = match doc.get("openapi") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => String::new(),
+    };
+    if !version.starts_with('3') {
+        return Err(Error::ManifestInvalid(format!(
+            "{origin}: an OpenAPI 3.x document is needed (\"openapi\": \"3...\"), found {version:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// One keyed operation of the document, as seeding reads it.
+struct Operation<'a> {
+    /// Its path as the document spells it (`/accounts/{id}/payments`).
+    path: &'a str,
+    /// The path item, for the GET beside the operation.
+    item: &'a Value,
+    /// Lower case, as a path item's member name.
+    method: &'a str,
+    op: &'a Value,
+    /// The path item's shared parameters, then the operation's own.
+    params: &'a [&'a Value],
+}
+
+/// The endpoint one keyed operation becomes, with the listing that counts
+/// its effects if the document has one. Its path parameters and the body's
+/// required strings join `vars`; what is missing becomes a note.
+fn seeded_endpoint(
+    doc: &Value,
+    o: &Operation<'_>,
+    vars: &mut Vec<String>,
+    notes: &mut Vec<String>,
+) -> (Endpoint, Option<EffectProbe>) {
+    let filters: Vec<String> = o
+        .item
+        .pointer("/get/parameters")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|p| resolve(doc, p))
+        .filter(|p| p.get("in").and_then(Value::as_str) == Some("query"))
+        .filter_map(|p| p.get("name").and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    let (body, body_vars, marker) = body_template(doc, o.op, &filters);
+    let templated = templated_path(o.path, vars);
+    vars.extend(body_vars);
+    let name =
+        o.op.get("operationId")
+            .or_else(|| o.op.get("summary"))
+            .and_then(Value::as_str)
+            .map_or_else(
+                || format!("{} {}", o.method.to_uppercase(), o.path),
+                str::to_owned,
+            );
+    let probe = marker.as_deref().and_then(|m| list_probe(doc, o.path, m));
+    let path = o.path;
+    match &marker {
+        None => notes.push(format!(
+            "{name}: no free-text string in the body to carry the run marker; add one (or a header, endpoints[].headers) and a probe that finds it"
+        )),
+        Some(m) if probe.is_none() => notes.push(format!(
+            "{name}: the marker goes in {m:?}, but no GET {path}?{m}= listing was found; declare a probe that counts effects by it"
+        )),
+        Some(_) => {}
+    }
+    let endpoint = Endpoint {
+        name,
+        method: o.method.to_uppercase(),
+        path: templated,
+        body,
+        key_required: o.params.iter().any(|p| {
+            is_key_param(doc, p)
+                && resolve(doc, p).get("required").and_then(Value::as_bool) == Some(true)
+        }),
+        // Nothing in a document says which body the API refuses
+        // after claiming the key, or fails on: placeholders the
+        // preflight refuses to run with until they are filled in
+        // (or the lines deleted, leaving those cases unsupported).
+        rejected_body: Some(Value::String(format!(
+            "{FILL_ME}: a body this endpoint refuses with a final 4xx after claiming the key (or delete the line)"
+        ))),
+        replayed_headers: Vec::new(),
+        probe: None,
+        server_error_body: Some(Value::String(format!(
+            "{FILL_ME}: a body this endpoint fails on with a 5xx after claiming the key (or delete the line)"
+        ))),
+        amounts: Default::default(),
+        headers: BTreeMap::new(),
+    };
+    (endpoint, probe)
+}
+
+/// The path with each `{param}` as a `{{param}}` caller var, the names
+/// pushed onto `vars`.
+fn templated_path(path: &str, vars: &mut Vec<String>) -> String {
+    let mut templated = path.to_owned();
+    for seg in path.split('/') {
+        if let Some(name) = seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+            templated = templated.replace(seg, &format!("{{{{{name}}}}}"));
+            vars.push(name.to_owned());
+        }
+    }
+    templated
+}
+
+/// Two callers with placeholder credentials from the security schemes and
+/// a placeholder for each var; the notes say what to fill in.
+fn seeded_callers(doc: &Value, all_vars: &[String], notes: &mut Vec<String>) -> Vec<Caller> {
     let callers: Vec<Caller> = ["caller-a", "caller-b"]
         .iter()
         .map(|who| {
-            let (headers, n) = auth_headers(&doc, who);
+            let (headers, n) = auth_headers(doc, who);
+            // Both callers meet the same schemes: say it once.
             if *who == "caller-a" {
                 notes.extend(n);
             }
@@ -485,8 +639,15 @@ pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
         "each caller's headers need real credentials of two different identities (a sandbox)"
             .into(),
     );
-    // The first endpoint's listing is the manifest's probe; the others keep
-    // their own when they differ.
+    callers
+}
+
+/// The manifest's probe and the endpoints: the first endpoint's listing
+/// is the manifest's probe; the others keep their own when they differ.
+fn share_probe(
+    endpoints: Vec<(Endpoint, Option<EffectProbe>)>,
+    notes: &mut Vec<String>,
+) -> (EffectProbe, Vec<Endpoint>) {
     let main_probe = endpoints[0].1.clone().unwrap_or_else(|| {
         notes.push(
             "no listing found for the first endpoint: the probe reads the created resource's id at /id; a count or list probe is stronger".into(),
@@ -505,8 +666,13 @@ pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
             e
         })
         .collect();
-    let base_url = doc
-        .pointer("/servers/0/url")
+    (main_probe, endpoints)
+}
+
+/// The document's first absolute server URL, else a local placeholder and
+/// a note.
+fn seeded_base_url(doc: &Value, notes: &mut Vec<String>) -> String {
+    doc.pointer("/servers/0/url")
         .and_then(Value::as_str)
         .filter(|u| u.starts_with("http://") || u.starts_with("https://"))
         .map_or_else(
@@ -515,28 +681,34 @@ pub fn seed(text: &str, origin: &str) -> Result<Seeded, Error> {
                 "http://127.0.0.1:8080".to_owned()
             },
             |u| u.trim_end_matches('/').to_owned(),
+        )
+}
+
+/// The key grammar the header parameter's schema states (`format: uuid`,
+/// `maxLength`); a `pattern` cannot be mapped and becomes a note.
+fn key_grammar(
+    doc: &Value,
+    schema: &Value,
+    key: &mut idem_spec::manifest::KeyDecl,
+    notes: &mut Vec<String>,
+) {
+    let schema = resolve(doc, schema);
+    if schema.get("format").and_then(Value::as_str) == Some("uuid") {
+        key.format = idem_spec::manifest::KeyFormat::Uuid;
+    }
+    if let Some(n) = schema.get("maxLength").and_then(Value::as_u64)
+        && key.format != idem_spec::manifest::KeyFormat::Uuid
+    {
+        key.max_len = u16::try_from(n.min(255)).ok();
+    }
+    if let Some(p) = schema.get("pattern").and_then(Value::as_str) {
+        let note = format!(
+            "the Idempotency-Key schema has the pattern {p:?}: declare it in [key] (format, prefix, charset, max_len)"
         );
-    let name = doc
-        .pointer("/info/title")
-        .and_then(Value::as_str)
-        .unwrap_or("my API")
-        .to_owned();
-    let manifest = Manifest {
-        target: Target {
-            name: format!("{name} (sandbox)"),
-            base_url,
-            openapi_url: None,
-        },
-        profile: ProfileDecl::default(),
-        callers,
-        endpoints,
-        policy: Default::default(),
-        probe: main_probe,
-        hooks: Hooks::default(),
-        limits: Limits::default(),
-        waivers: Vec::new(),
-    };
-    Ok(Seeded { manifest, notes })
+        if !notes.contains(&note) {
+            notes.push(note);
+        }
+    }
 }
 
 /// The seeded manifest as commented TOML: what was found, what to fill in,
@@ -564,8 +736,45 @@ mod tests {
     use super::*;
 
     #[test]
+    fn yaml_keyed_operations_and_the_key_grammar_are_read() {
+        // A FastAPI-style document: the middleware reads the header, the
+        // document never declares it.
+        let yaml = "openapi: 3.1.0\ninfo:\n  title: Shop\npaths:\n  /orders:\n    post:\n      operationId: create_order\n      requestBody:\n        content:\n          application/json:\n            example: {amount: 5, note: hi}\n";
+        let e = seed(yaml, "x.yaml").expect_err("nothing declares the header");
+        assert!(e.to_string().contains("--keyed"), "{e}");
+        for keyed in ["POST /orders", "post /orders", "create_order"] {
+            let s = seed_with(yaml, "x.yaml", &[keyed.to_owned()]).expect(keyed);
+            assert_eq!(s.manifest.endpoints[0].path, "/orders", "{keyed}");
+            // The failure bodies are placeholders the preflight refuses.
+            let rejected = s.manifest.endpoints[0]
+                .rejected_body
+                .as_ref()
+                .expect("placeholder");
+            assert!(rejected.as_str().is_some_and(|t| t.starts_with(FILL_ME)));
+        }
+        // The header's schema gives the key grammar.
+        let json = r#"{"openapi":"3.0.3","paths":{"/p":{"post":{"parameters":[{"in":"header","name":"Idempotency-Key","required":true,"schema":{"type":"string","format":"uuid"}}],"requestBody":{"content":{"application/json":{"example":{"amount":1,"memo":"m"}}}}}}}}"#;
+        let s = seed(json, "x.json").expect("seeds");
+        assert_eq!(s.manifest.key.format, idem_spec::manifest::KeyFormat::Uuid);
+        let json = json.replace(
+            r#""format":"uuid""#,
+            r#""maxLength":64,"pattern":"^[a-z]+$""#,
+        );
+        let s = seed(&json, "x.json").expect("seeds");
+        assert_eq!(s.manifest.key.max_len, Some(64));
+        assert!(
+            s.notes.iter().any(|n| n.contains("pattern")),
+            "{:?}",
+            s.notes
+        );
+    }
+
+    #[test]
     fn refuses_what_it_cannot_use() {
-        assert!(seed("openapi: 3.0.0", "x.yaml").is_err(), "YAML");
+        assert!(
+            seed("openapi: [", "x.yaml").is_err(),
+            "neither JSON nor YAML"
+        );
         assert!(seed(r#"{"swagger": "2.0"}"#, "x").is_err(), "Swagger 2");
         let none = r#"{"openapi": "3.0.3", "paths": {"/a": {"post": {}}}}"#;
         let e = seed(none, "x").expect_err("no idempotent operation");

@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use idem_spec::report::{CaseReport, Report, Rerun, Verdict};
 use idem_conformance_core::summary::{empty_summary, finish};
+use idem_spec::report::{CaseReport, Report, Rerun, Verdict};
 
 use crate::Error;
 use crate::server::case::{Case, Ctx, Rec};
@@ -31,6 +31,8 @@ pub struct Options {
     pub progress: bool,
     /// Where counterexamples are written (default: the current directory).
     pub artifacts_dir: Option<std::path::PathBuf>,
+    /// Fail on non-strict findings (a missed SHOULD or MAY) too.
+    pub strict: bool,
 }
 
 /// The cases a run with `opts` executes, in order.
@@ -156,7 +158,10 @@ pub async fn run_with(
         cases,
         clauses: Vec::new(),
         waivers: Vec::new(),
-        summary: empty_summary(),
+        summary: idem_spec::report::Summary {
+            strict: opts.strict,
+            ..empty_summary()
+        },
     };
     finish(&mut report, &loaded.manifest.waivers);
     Ok(report)
@@ -228,7 +233,6 @@ async fn run_with_rerun(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
     }
     result
 }
-
 /// Checks the manifest against the target before any case: the base URL
 /// answers, each caller authenticates, each endpoint's fresh request
 /// succeeds, and the probes count its one effect (and one handler run).
@@ -236,8 +240,27 @@ async fn run_with_rerun(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
 /// fix.
 pub async fn preflight(ctx: &Ctx) -> Result<Vec<String>, String> {
     let m = &ctx.manifest;
-    let base = &m.target.base_url;
-    let mut done = Vec::new();
+    if let Some(field) = unfilled(m) {
+        return Err(format!(
+            "the manifest still holds a placeholder at {field} ({}... left by `init`): fill it in before a run",
+            crate::server::openapi::FILL_ME
+        ));
+    }
+    let mut done = vec![base_url_answers(ctx).await?];
+    // Every caller on the first endpoint, then the first caller on every
+    // other endpoint (with that endpoint's own probe).
+    let mut plan: Vec<(usize, usize)> = (0..m.callers.len()).map(|c| (c, 0)).collect();
+    plan.extend((1..m.endpoints.len()).map(|e| (0, e)));
+    for (caller, e) in plan {
+        let view = ctx.view(focused_on(m, e));
+        done.push(fresh_request_counted_once(&view, caller).await?);
+    }
+    Ok(done)
+}
+
+/// The first preflight step: something answers a GET at the base URL.
+async fn base_url_answers(ctx: &Ctx) -> Result<String, String> {
+    let base = &ctx.manifest.target.base_url;
     let get = crate::server::http::Request {
         method: "GET".into(),
         url: base.clone(),
@@ -246,93 +269,114 @@ pub async fn preflight(ctx: &Ctx) -> Result<Vec<String>, String> {
         state_changing: false,
     };
     match ctx.client.send(&get).await {
-        Ok(r) => done.push(format!("{base} answers ({})", r.status)),
+        Ok(r) => Ok(format!("{base} answers ({})", r.status)),
+        Err(f) => Err(format!(
+            "the target does not answer at target.base_url {base} ({f}): start it, or correct target.base_url"
+        )),
+    }
+}
+
+/// The manifest with endpoint `e` first and its own probe (if it has one)
+/// as the probe, since a view acts on its first endpoint.
+fn focused_on(m: &idem_spec::manifest::Manifest, e: usize) -> idem_spec::manifest::Manifest {
+    let mut focused = m.clone();
+    let endpoint = focused.endpoints.remove(e);
+    focused.endpoints.insert(0, endpoint);
+    if let Some(p) = focused.endpoints[0].probe.clone() {
+        focused.probe = p;
+    }
+    focused
+}
+
+/// One preflight step: a fresh keyed request by `caller` on the view's
+/// endpoint succeeds, and the probes count it exactly once.
+async fn fresh_request_counted_once(view: &Ctx, caller: usize) -> Result<String, String> {
+    let name = view.name(caller).to_owned();
+    let ep = view.endpoint().clone();
+    let key = view.key();
+    let marker = view.marker();
+    let body = view.body(caller, &marker);
+    let req = view.op(caller, Some(&key), &marker, &body);
+    let what = format!("{} {} as caller {name:?}", ep.method, ep.path);
+    let r = match view.client.send(&req).await {
+        Ok(r) => r,
         Err(f) => {
             return Err(format!(
-                "the target does not answer at target.base_url {base} ({f}): start it, or correct target.base_url"
+                "a fresh request {what} got no answer ({f}): check that the endpoint exists and limits.request_timeout_ms"
             ));
         }
-    }
-    // Every caller on the first endpoint, then the first caller on every
-    // other endpoint (with that endpoint's own probe).
-    let mut plan: Vec<(usize, usize)> = (0..m.callers.len()).map(|c| (c, 0)).collect();
-    plan.extend((1..m.endpoints.len()).map(|e| (0, e)));
-    for (caller, e) in plan {
-        let mut focused = m.clone();
-        let endpoint = focused.endpoints.remove(e);
-        focused.endpoints.insert(0, endpoint);
-        if let Some(p) = focused.endpoints[0].probe.clone() {
-            focused.probe = p;
-        }
-        let view = ctx.view(focused);
-        let name = view.name(caller).to_owned();
-        let ep = view.endpoint().clone();
-        let key = view.key();
-        let marker = view.marker();
-        let body = view.body(caller, &marker);
-        let req = view.op(caller, Some(&key), &marker, &body);
-        let what = format!("{} {} as caller {name:?}", ep.method, ep.path);
-        let r = match view.client.send(&req).await {
-            Ok(r) => r,
-            Err(f) => {
-                return Err(format!(
-                    "a fresh request {what} got no answer ({f}): check that the endpoint exists and limits.request_timeout_ms"
-                ));
-            }
-        };
-        if r.status == 401 || r.status == 403 {
-            return Err(format!(
-                "caller {name:?} is not authenticated: a fresh request {what} was answered {}; correct callers[{caller}].headers",
-                r.status
-            ));
-        }
-        if !(200..300).contains(&r.status) {
-            return Err(format!(
-                "a fresh request {what} with a new key was answered {} {}; correct endpoint {:?}'s body template, path or the caller's vars so that it succeeds",
-                r.status,
-                crate::server::cases::preview(&r.body),
-                ep.name
-            ));
-        }
-        match view.effects_settled(caller, &marker, &[&r], 1).await {
-            Ok(1) => {}
-            Ok(n) => {
-                return Err(format!(
-                    "the effect probe counted {n} effects for one successful request {what} (marker {marker:?}); correct the probe (url, pointers, match_on) so it counts exactly that request's effect"
-                ));
-            }
-            Err(e) => {
-                return Err(format!(
-                    "the effect probe could not count the effect of a fresh request {what}: {e}; correct the probe"
-                ));
-            }
-        }
-        if let Some(n) = view.executions(&marker).await {
-            match n {
-                Ok(1) => {}
-                Ok(n) => {
-                    return Err(format!(
-                        "hooks.execution_probe counted {n} handler runs for one request {what} (marker {marker:?}); correct it so it counts that request's one run"
-                    ));
-                }
-                Err(e) => {
-                    return Err(format!(
-                        "hooks.execution_probe could not count a fresh request {what}: {e}; correct it"
-                    ));
-                }
-            }
-        }
-        done.push(format!(
-            "{what}: {} and the probe{} counted it once",
-            r.status,
-            if view.manifest.hooks.execution_probe.is_some() {
-                "s"
-            } else {
-                ""
-            }
+    };
+    if r.status == 401 || r.status == 403 {
+        return Err(format!(
+            "caller {name:?} is not authenticated: a fresh request {what} was answered {}; correct callers[{caller}].headers",
+            r.status
         ));
     }
-    Ok(done)
+    if (400..500).contains(&r.status)
+        && let Some(hint) = key_format_hint(view, caller, &r).await
+    {
+        return Err(format!(
+            "a fresh request {what} with the kit's key {key:?} was answered {} {}: {hint}",
+            r.status,
+            crate::server::cases::preview(&r.body),
+        ));
+    }
+    if !(200..300).contains(&r.status) {
+        let broken = if r.status >= 500 {
+            " (a 5xx to a fresh request: the target may be broken, e.g. left so by an earlier run; restart it)"
+        } else {
+            ""
+        };
+        return Err(format!(
+            "a fresh request {what} with a new key was answered {} {}{broken}; correct endpoint {:?}'s body template, path or the caller's vars so that it succeeds",
+            r.status,
+            crate::server::cases::preview(&r.body),
+            ep.name
+        ));
+    }
+    probes_count_once(view, caller, &marker, &r, &what).await?;
+    Ok(format!(
+        "{what}: {} and the probe{} counted it once",
+        r.status,
+        if view.manifest.hooks.execution_probe.is_some() {
+            "s"
+        } else {
+            ""
+        }
+    ))
+}
+
+/// The effect probe (and the execution probe, when declared) count one
+/// effect for the one successful request `r`.
+async fn probes_count_once(
+    view: &Ctx,
+    caller: usize,
+    marker: &str,
+    r: &crate::server::http::Response,
+    what: &str,
+) -> Result<(), String> {
+    match view.effects_settled(caller, marker, &[r], 1).await {
+        Ok(1) => {}
+        Ok(n) => {
+            return Err(format!(
+                "the effect probe counted {n} effects for one successful request {what} (marker {marker:?}); correct the probe (url, pointers, match_on) so it counts exactly that request's effect"
+            ));
+        }
+        Err(e) => {
+            return Err(format!(
+                "the effect probe could not count the effect of a fresh request {what}: {e}; correct the probe"
+            ));
+        }
+    }
+    match view.executions(marker).await {
+        None | Some(Ok(1)) => Ok(()),
+        Some(Ok(n)) => Err(format!(
+            "hooks.execution_probe counted {n} handler runs for one request {what} (marker {marker:?}); correct it so it counts that request's one run"
+        )),
+        Some(Err(e)) => Err(format!(
+            "hooks.execution_probe could not count a fresh request {what}: {e}; correct it"
+        )),
+    }
 }
 
 /// Runs one case (or reports why it cannot run).
@@ -371,5 +415,90 @@ pub async fn run_case(case: &Case, ctx: Arc<Ctx>) -> CaseReport {
         waived: None,
         duration_ms: started.elapsed().as_millis() as u64,
         rerun: None,
+    }
+}
+
+/// The first manifest string still holding the `FILL_ME` placeholder, as a
+/// TOML path (`callers[0].headers.Authorization`), among the values a run
+/// uses.
+fn unfilled(m: &idem_spec::manifest::Manifest) -> Option<String> {
+    fn walk(v: &serde_json::Value, path: &str) -> Option<String> {
+        match v {
+            serde_json::Value::String(s) if s.contains(crate::server::openapi::FILL_ME) => {
+                Some(path.to_owned())
+            }
+            serde_json::Value::Array(a) => a
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| walk(v, &format!("{path}[{i}]"))),
+            serde_json::Value::Object(o) => o.iter().find_map(|(k, v)| {
+                walk(
+                    v,
+                    &if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    },
+                )
+            }),
+            _ => None,
+        }
+    }
+    let mut v = serde_json::to_value(m).ok()?;
+    // A caller var no endpoint uses (its endpoint deleted) is harmless.
+    let used = serde_json::to_string(&m.endpoints).unwrap_or_default();
+    if let Some(callers) = v
+        .get_mut("callers")
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        for c in callers {
+            if let Some(vars) = c.get_mut("vars").and_then(serde_json::Value::as_object_mut) {
+                vars.retain(|k, _| used.contains(&format!("{{{{{k}}}}}")));
+            }
+        }
+    }
+    walk(&v, "")
+}
+
+/// Whether a 4xx to the kit's fresh request is the key's format: when the
+/// manifest declares no grammar and the same request with a UUID key
+/// succeeds, the API wants its own key format, not another body. Costs one
+/// more state-changing request, only on a failing preflight.
+async fn key_format_hint(
+    view: &Ctx,
+    caller: usize,
+    refused: &crate::server::http::Response,
+) -> Option<String> {
+    use idem_spec::manifest::{KeyDecl, KeyFormat};
+    let declared = &view.manifest.key;
+    let body_text = String::from_utf8_lossy(&refused.body).to_ascii_lowercase();
+    let mentions_key = ["key", "uuid", "idempotency"]
+        .iter()
+        .any(|w| body_text.contains(w));
+    if *declared != KeyDecl::default() {
+        return mentions_key.then(|| {
+            format!(
+                "the answer names the key, and the manifest declares keys as {}; correct [key] to the grammar the API accepts",
+                crate::server::keyform::describe(declared)
+            )
+        });
+    }
+    let uuid_decl = KeyDecl {
+        format: KeyFormat::Uuid,
+        ..KeyDecl::default()
+    };
+    let uuid_key = crate::server::keyform::mint(&uuid_decl, &view.run_id, view.unique());
+    let marker = view.marker();
+    let body = view.body(caller, &marker);
+    let req = view.op(caller, Some(&uuid_key), &marker, &body);
+    match view.client.send(&req).await {
+        Ok(r) if (200..300).contains(&r.status) => Some(format!(
+            "the same request with a UUID key ({uuid_key}) succeeded ({}), so the API accepts only keys in its own format: declare it in the manifest, [key] format = \"uuid\" (or max_len, prefix, charset), not the body",
+            r.status
+        )),
+        _ if mentions_key => Some(
+            "the answer names the key: if the API accepts only keys of its own format, declare it in [key] (format, max_len, prefix, charset); otherwise correct the body template".to_owned(),
+        ),
+        _ => None,
     }
 }

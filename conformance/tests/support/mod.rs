@@ -84,6 +84,7 @@ pub async fn run_only(stack: &Stack, loaded: &Loaded, seed: u64, only: Option<&s
             only: only.map(str::to_owned),
             progress: false,
             artifacts_dir: Some(std::env::temp_dir()),
+            strict: false,
         },
         Some(stack.restarter()),
     )

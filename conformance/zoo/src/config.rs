@@ -193,19 +193,23 @@ impl Defect {
 
     /// The class of the failure the defect causes: what the kit must call
     /// it. A defect the kit can only see as a spelling (the quoted and bare
-    /// spellings of one key) is `interop`; one a caller notices without
-    /// harm (a replay that is not the stored response) `semantics`.
+    /// spellings of one key) is `interop`; one that leaves nothing false
+    /// believed about effects (a replay that is not the stored response, a
+    /// stored 5xx, a final 4xx executed again) `semantics`.
     pub fn class(self) -> idem_spec::clauses::Class {
         use idem_spec::clauses::Class;
         match self {
             Self::RaceDoubleExecution
             | Self::GlobalKeySpace
             | Self::SilentMismatchReplay
-            | Self::ServerErrorStored
-            | Self::ClientErrorReexecuted
             | Self::LeakAfterExecution
             | Self::LeakReorderedJson => Class::Safety,
-            Self::BrokenReplayAfterCompletion
+            // The severity rule: a stored 5xx replayed tells the retry the
+            // truth (it failed), and a final 4xx executed again fails again:
+            // neither makes a client believe something false about effects.
+            Self::ServerErrorStored
+            | Self::ClientErrorReexecuted
+            | Self::BrokenReplayAfterCompletion
             | Self::ReplayHeadersDropped
             | Self::InFlightLockGlobal
             | Self::ServerErrorLocksKey => Class::Semantics,
@@ -254,16 +258,28 @@ pub enum Quirk {
     /// No in-flight record at all: requests with one key are serialised on
     /// a lock, and the record is written when the first completes.
     NoInFlightState,
+    /// Keys must be UUIDs: any other key is refused with 400
+    /// `INVALID_UUID_FORMAT` (as several Django libraries and payment APIs
+    /// do).
+    UuidKeys,
+    /// The replay marker's value is the request's key, not `true`.
+    MarkerIsKey,
+    /// The fingerprint covers the `traceparent` header too, so a retry
+    /// with a new trace context is refused as a mismatch.
+    FingerprintsTraceparent,
 }
 
 impl Quirk {
     /// Every quirk, in declaration order.
-    pub const ALL: [Quirk; 5] = [
+    pub const ALL: [Quirk; 8] = [
         Self::ResetAfterServerError,
         Self::NestedErrorCode,
         Self::MarkerValueOne,
         Self::AlwaysWait,
         Self::NoInFlightState,
+        Self::UuidKeys,
+        Self::MarkerIsKey,
+        Self::FingerprintsTraceparent,
     ];
 
     /// The kebab-case name used on the command line.
@@ -274,6 +290,9 @@ impl Quirk {
             Self::MarkerValueOne => "marker-value-one",
             Self::AlwaysWait => "always-wait",
             Self::NoInFlightState => "no-in-flight-state",
+            Self::UuidKeys => "uuid-keys",
+            Self::MarkerIsKey => "marker-is-key",
+            Self::FingerprintsTraceparent => "fingerprints-traceparent",
         }
     }
 
@@ -288,6 +307,9 @@ impl Quirk {
             Self::MarkerValueOne => "[profile] replay_marker_value = \"1\"",
             Self::AlwaysWait => "[policy] in_flight = \"always_wait\"",
             Self::NoInFlightState => "[policy] in_flight = \"none\"",
+            Self::UuidKeys => "[key] format = \"uuid\"",
+            Self::MarkerIsKey => "[profile] replay_marker_value = \"{{key}}\"",
+            Self::FingerprintsTraceparent => "[policy.fingerprint] headers = [\"traceparent\"]",
         }
     }
 }

@@ -259,7 +259,7 @@ impl Shared {
                 Some(error(config, Kind::InUse))
             }
             Some(s) => {
-                let out = self.replay(s);
+                let out = self.replay(s, &slot.1);
                 // Defect: another caller's response, re-serialised.
                 if self.has(Defect::LeakReorderedJson) && owner.is_some_and(|o| o != caller) {
                     Some(reordered(out))
@@ -290,7 +290,7 @@ impl Shared {
         })
     }
 
-    fn replay(&self, stored: &Stored) -> Stored {
+    fn replay(&self, stored: &Stored, key: &str) -> Stored {
         let mut out = stored.clone();
         if self.has(Defect::ReplayHeadersDropped) {
             out.headers
@@ -305,10 +305,10 @@ impl Shared {
             .and_then(|m| HeaderName::from_bytes(m.as_bytes()).ok())
         {
             Some(marker) => {
-                let value = if self.config.quirk == Some(Quirk::MarkerValueOne) {
-                    "1"
-                } else {
-                    "true"
+                let value = match self.config.quirk {
+                    Some(Quirk::MarkerValueOne) => "1",
+                    Some(Quirk::MarkerIsKey) => key,
+                    _ => "true",
                 };
                 out.with_header(marker, value)
             }
@@ -416,6 +416,15 @@ async fn create_order(
         }
         Err(e) => return error(config, Kind::KeyInvalid(e.to_string())).into_response(),
     };
+    // Quirk: only UUID keys, refused as a plain 400 in the library's words.
+    if config.quirk == Some(Quirk::UuidKeys) && uuid::Uuid::try_parse(key.as_str()).is_err() {
+        return (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            r#"{"code":"INVALID_UUID_FORMAT","message":"Idempotency-Key must be a UUID"}"#,
+        )
+            .into_response();
+    }
     let req: OrderRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return error(config, Kind::MalformedBody(e.to_string())).into_response(),
@@ -424,7 +433,16 @@ async fn create_order(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok());
     let target = uri.path_and_query().map_or(ORDERS, |p| p.as_str());
-    let fp = Fingerprint::compute("POST", target, content_type, &body);
+    // Quirk: the trace context is part of what is fingerprinted.
+    let fingerprinted: Vec<u8> = if config.quirk == Some(Quirk::FingerprintsTraceparent) {
+        let trace = headers
+            .get("traceparent")
+            .map_or(&b""[..], HeaderValue::as_bytes);
+        [&body[..], b"\n", trace].concat()
+    } else {
+        body.to_vec()
+    };
+    let fp = Fingerprint::compute("POST", target, content_type, &fingerprinted);
     // Defect: no caller in the slot, so one key names one record for everyone.
     let scope = if s.has(Defect::GlobalKeySpace) || s.has(Defect::LeakReorderedJson) {
         String::new()

@@ -11,6 +11,18 @@ use super::tag;
 /// Renders the console report.
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
+    header(&mut s, r);
+    case_lines(&mut s, r);
+    details(&mut s, r);
+    unsupported(&mut s, r);
+    waivers(&mut s, r);
+    summary(&mut s, r);
+    s
+}
+
+/// What was checked, the preflight, a harness error and the safety
+/// headlines.
+fn header(s: &mut String, r: &Report) {
     let _ = writeln!(
         s,
         "idem-conformance {} against {} ({})",
@@ -30,6 +42,10 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(s, "UNSAFE {} ({}): {}", h.clause, h.case, h.text);
         }
     }
+}
+
+/// One line per case, under its family.
+fn case_lines(s: &mut String, r: &Report) {
     let mut family = "";
     for c in &r.cases {
         if c.family != family {
@@ -47,6 +63,10 @@ pub fn render(r: &Report) -> String {
             super::failed_clauses(c)
         );
     }
+}
+
+/// The explanation of every case that neither passed nor was unsupported.
+fn details(s: &mut String, r: &Report) {
     let details: Vec<_> = r
         .cases
         .iter()
@@ -61,6 +81,10 @@ pub fn render(r: &Report) -> String {
             }
         }
     }
+}
+
+/// The cases that could not run, each with why.
+fn unsupported(s: &mut String, r: &Report) {
     let unsupported: Vec<_> = r
         .cases
         .iter()
@@ -72,6 +96,10 @@ pub fn render(r: &Report) -> String {
             let _ = writeln!(s, "  {}: {}", c.id, c.reason.as_deref().unwrap_or(""));
         }
     }
+}
+
+/// The manifest's waivers, stale ones marked.
+fn waivers(s: &mut String, r: &Report) {
     if !r.waivers.is_empty() {
         let _ = writeln!(s, "\nwaivers:");
         for w in &r.waivers {
@@ -86,6 +114,11 @@ pub fn render(r: &Report) -> String {
             );
         }
     }
+}
+
+/// The counts, the failed clauses by class, the run's identity and the
+/// result with its exit code: last, where CI logs end.
+fn summary(s: &mut String, r: &Report) {
     let sm = &r.summary;
     let cv = &sm.clause_verdicts;
     let _ = writeln!(s, "\n── summary ──");
@@ -149,5 +182,4 @@ pub fn render(r: &Report) -> String {
         },
         sm.exit_code
     );
-    s
 }

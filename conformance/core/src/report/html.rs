@@ -37,6 +37,19 @@ fn badge(v: Verdict) -> String {
 /// agreement test) can read them without parsing prose.
 pub fn render(r: &Report) -> String {
     let mut s = String::new();
+    head(&mut s, r);
+    identity(&mut s, r);
+    counts(&mut s, r);
+    clause_matrix(&mut s, r);
+    case_table(&mut s, r);
+    waivers(&mut s, r);
+    let _ = writeln!(s, "</body></html>");
+    s
+}
+
+/// The page head and style, the result, a harness error and the safety
+/// headlines.
+fn head(s: &mut String, r: &Report) {
     let _ = write!(
         s,
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>idem-conformance: {}</title>\
@@ -76,6 +89,10 @@ details{{margin:4px 0}}code{{font-size:12px}}.unsafe{{color:#c62828;font-weight:
         }
         let _ = write!(s, "</ul>");
     }
+}
+
+/// The run's identity: target, versions, manifest hash, seed, traffic.
+fn identity(s: &mut String, r: &Report) {
     let _ = write!(
         s,
         "<table><tr><th>base URL</th><td>{}</td><th>profile</th><td>{}</td></tr>\
@@ -92,6 +109,11 @@ details{{margin:4px 0}}code{{font-size:12px}}.unsafe{{color:#c62828;font-weight:
         r.side_effect_requests,
         r.duration_ms as f64 / 1000.0
     );
+}
+
+/// Every count of the summary, each readable by its `data-count`.
+fn counts(s: &mut String, r: &Report) {
+    let sm = &r.summary;
     let count = |id: &str, n: usize, label: &str| {
         format!("<span id=\"count-{id}\" data-count=\"{n}\">{n} {label}</span>")
     };
@@ -117,6 +139,10 @@ details{{margin:4px 0}}code{{font-size:12px}}.unsafe{{color:#c62828;font-weight:
         count("semantics", sm.semantics_clauses.len(), "semantics"),
         count("interop", sm.interop_clauses.len(), "interop"),
     );
+}
+
+/// The clause × verdict matrix, each clause linked to its cases.
+fn clause_matrix(s: &mut String, r: &Report) {
     let _ = write!(
         s,
         "<h2>Clauses</h2><table><tr><th>clause</th><th>level</th><th>class</th><th>verdict</th><th>cases</th><th>title</th></tr>"
@@ -147,9 +173,15 @@ details{{margin:4px 0}}code{{font-size:12px}}.unsafe{{color:#c62828;font-weight:
             esc(&c.title)
         );
     }
+    let _ = write!(s, "</table>");
+}
+
+/// One row per case, its explanation folded (open when it failed or
+/// errored).
+fn case_table(s: &mut String, r: &Report) {
     let _ = write!(
         s,
-        "</table><h2>Cases</h2><table><tr><th>case</th><th>tier</th><th>verdict</th><th>clauses</th><th>title</th></tr>"
+        "<h2>Cases</h2><table><tr><th>case</th><th>tier</th><th>verdict</th><th>clauses</th><th>title</th></tr>"
     );
     for c in &r.cases {
         let waived = c
@@ -192,6 +224,10 @@ details{{margin:4px 0}}code{{font-size:12px}}.unsafe{{color:#c62828;font-weight:
         let _ = write!(s, "</td></tr>");
     }
     let _ = write!(s, "</table>");
+}
+
+/// The manifest's waivers, what each matched and whether it is stale.
+fn waivers(s: &mut String, r: &Report) {
     if !r.waivers.is_empty() {
         let _ = write!(
             s,
@@ -209,6 +245,4 @@ details{{margin:4px 0}}code{{font-size:12px}}.unsafe{{color:#c62828;font-weight:
         }
         let _ = write!(s, "</table>");
     }
-    let _ = writeln!(s, "</body></html>");
-    s
 }

@@ -10,10 +10,11 @@
 //! in-flight state look the same, and the kit reports what it saw.
 
 use idem_conformance_core::clause;
+use idem_conformance_core::verdict::Consequence;
 use idem_spec::ErrorCode;
-use idem_spec::clauses::Class;
 
-use crate::server::case::{Aim, Case, Ctx, Rec, shared};
+use crate::server::case::{Aim, Case, Rec, shared};
+use crate::server::dialect::Dialect;
 use crate::server::http::{Failure, Request, Response, Sent};
 use crate::server::manifest::ManifestExt;
 
@@ -117,11 +118,11 @@ impl GateObs {
 }
 
 /// Classifies a round's answers under the target's declared dialect.
-pub fn classify(ctx: &Ctx, sent: &[Sent]) -> GateObs {
+pub fn classify(dialect: &Dialect<'_>, sent: &[Sent]) -> GateObs {
     let mut o = GateObs::default();
     let answers: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
     o.no_answer = sent.len() - answers.len();
-    let first = answers.iter().find(|r| ctx.executed(r, None)).copied();
+    let first = answers.iter().find(|r| dialect.executed(r, None)).copied();
     if first.is_some() {
         o.executed = 1;
     }
@@ -138,14 +139,14 @@ pub fn classify(ctx: &Ctx, sent: &[Sent]) -> GateObs {
             o.throttled += 1;
         } else if r.status == 409 {
             o.conflicts += 1;
-            if ctx.is(r, ErrorCode::IdempotencyKeyInUse) {
+            if dialect.is(r, ErrorCode::IdempotencyKeyInUse) {
                 o.conflicts_as_declared += 1;
             }
             if r.header("retry-after").is_none() {
                 o.conflicts_without_retry_after += 1;
             }
         } else if (400..500).contains(&r.status) {
-            if ctx.is(r, ErrorCode::IdempotencyKeyInUse) {
+            if dialect.is(r, ErrorCode::IdempotencyKeyInUse) {
                 // A dialect that refuses in-flight duplicates with another
                 // status, as it declares.
                 o.conflicts += 1;
@@ -156,7 +157,7 @@ pub fn classify(ctx: &Ctx, sent: &[Sent]) -> GateObs {
             } else {
                 o.other_refusals.push(r.summary());
             }
-        } else if ctx.executed(r, first) {
+        } else if dialect.executed(r, first) {
             o.executed += 1;
         } else {
             o.other.push(r.summary());
@@ -246,7 +247,7 @@ async fn gate(rec: &mut Rec) {
         if rec.harness_stopped() {
             return;
         }
-        let o = classify(&rec.ctx, &sent);
+        let o = classify(&rec.ctx.dialect(), &sent);
         let responses: Vec<&Response> = sent.iter().filter_map(|s| s.as_ref().ok()).collect();
         let Some(effects) = rec
             .check_effects(
@@ -268,7 +269,7 @@ async fn gate(rec: &mut Rec) {
         if effects <= 1 {
             rec.check_as(
                 clause!("idem.concurrency.single-effect"),
-                Class::Semantics,
+                Consequence::Behaviour,
                 o.other.is_empty(),
                 "every answer but one is a refusal or an identical replay",
                 o.describe(),
@@ -295,7 +296,7 @@ async fn gate(rec: &mut Rec) {
             );
         }
         if o.conflicts + o.other_refusals.len() > 0 {
-            let declared = rec.ctx.spelled(ErrorCode::IdempotencyKeyInUse);
+            let declared = rec.ctx.dialect().spelled(ErrorCode::IdempotencyKeyInUse);
             rec.check(
                 clause!("idem.errors.profiles"),
                 o.conflicts_as_declared == o.refused(),
@@ -354,7 +355,7 @@ async fn gate(rec: &mut Rec) {
         // After the burst the key is complete: a resend replays the execution.
         let Some(first) = responses
             .iter()
-            .find(|r| rec.ctx.executed(r, None))
+            .find(|r| rec.ctx.dialect().executed(r, None))
             .map(|r| (*r).clone())
         else {
             return;
@@ -451,7 +452,7 @@ async fn two_callers(rec: &mut Rec) {
             let ids = other
                 .iter()
                 .find(|o| o.same_payload(r))
-                .map_or(String::new(), |o| rec.ctx.ids_side_by_side(r, o));
+                .map_or(String::new(), |o| rec.ctx.dialect().ids_side_by_side(r, o));
             rec.headline(format!(
                 "{who} got {} response(s) of {them}, racing with the same key: they carry {them}'s marker {:?}{ids}",
                 leaked.len(),
@@ -463,16 +464,16 @@ async fn two_callers(rec: &mut Rec) {
         // operation ran (the in-flight lock is not scoped by caller).
         let mismatches = answers
             .iter()
-            .filter(|r| rec.ctx.is(r, ErrorCode::IdempotencyKeyMismatch))
+            .filter(|r| rec.ctx.dialect().is(r, ErrorCode::IdempotencyKeyMismatch))
             .count();
-        let executed_own = answers.iter().any(|r| rec.ctx.executed(r, None));
+        let executed_own = answers.iter().any(|r| rec.ctx.dialect().executed(r, None));
         let in_use = answers
             .iter()
-            .filter(|r| r.status == 409 || rec.ctx.is(r, ErrorCode::IdempotencyKeyInUse))
+            .filter(|r| r.status == 409 || rec.ctx.dialect().is(r, ErrorCode::IdempotencyKeyInUse))
             .count();
         rec.check_as(
             clause!("idem.scope.caller"),
-            Class::Semantics,
+            Consequence::Behaviour,
             mismatches == 0,
             format!("{who}: no mismatch caused by the other caller's use of the key"),
             format!("{mismatches} mismatch answer(s)"),
@@ -480,7 +481,7 @@ async fn two_callers(rec: &mut Rec) {
         let blocked = !executed_own && in_use > 0;
         rec.check_as(
             clause!("idem.scope.caller"),
-            Class::Semantics,
+            Consequence::Behaviour,
             !blocked,
             format!(
                 "{who}: the other caller's request in flight does not block this one (its own operation runs)"
@@ -496,16 +497,19 @@ async fn two_callers(rec: &mut Rec) {
         // When the other caller's use of the key shaped these answers, a
         // wrong effect count is that scoping failure (safety if a response
         // leaked, semantics if the caller was only refused), not a race.
-        let (clause, class) = if !leaked.is_empty() {
-            (clause!("idem.scope.caller"), Class::Safety)
+        let (clause, seen) = if !leaked.is_empty() {
+            (clause!("idem.scope.caller"), Consequence::CrossCaller)
         } else if mismatches > 0 || blocked {
-            (clause!("idem.scope.caller"), Class::Semantics)
+            (clause!("idem.scope.caller"), Consequence::Behaviour)
         } else {
-            (clause!("idem.concurrency.single-effect"), Class::Safety)
+            (
+                clause!("idem.concurrency.single-effect"),
+                Consequence::SecondEffect,
+            )
         };
         rec.check_effects_as(
             clause,
-            class,
+            seen,
             c,
             &markers[c],
             answers,
@@ -539,12 +543,6 @@ mod tests {
         })
     }
 
-    fn ctx(m: Manifest) -> Ctx {
-        let client = crate::server::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
-            .expect("client");
-        Ctx::new(m, client, "run".into(), 1)
-    }
-
     fn manifest() -> Manifest {
         crate::server::manifest::parse(crate::server::manifest::TEMPLATE, "t")
             .expect("template")
@@ -553,7 +551,8 @@ mod tests {
 
     #[test]
     fn classify_separates_executions_replays_and_conflicts() {
-        let c = ctx(manifest());
+        let m = manifest();
+        let c = Dialect(&m);
         let in_use = r#"{"code":"idempotency_key_in_use"}"#;
         let sent = vec![
             r(201, false, "{\"id\":1}", false),
@@ -595,7 +594,7 @@ mod tests {
                 pattern: Some("in progress".into()),
             },
         );
-        let c = ctx(m);
+        let c = Dialect(&m);
         let sent = vec![
             r(201, false, "{\"id\":1}", false),
             r(201, false, "{\"id\":1}", false),

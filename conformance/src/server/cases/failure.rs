@@ -2,15 +2,17 @@
 //! outcomes are never stored and release the key, and answers decided
 //! before the claim leave the key free.
 //!
-//! A final outcome executed again, or a 5xx stored and replayed, is
-//! `safety`; only a count of handler runs (`hooks.execution_probe`) or the
-//! replay marker can show either, because the repeated answer is
-//! byte-identical. Without that evidence the kit judges what it can see
-//! (`semantics`: the answer is not the stored one, the key was not
-//! released) and says what it could not.
+//! A final outcome executed again, or a 5xx stored and replayed, breaks
+//! the failure policy (`semantics` by the severity rule: the answer is true
+//! about effects). Only a count of handler runs (`hooks.execution_probe`)
+//! or the replay marker can show either, because the repeated answer may be
+//! byte-identical; identical bytes alone are never taken as a stored
+//! answer. Without that evidence the kit judges what it can see (the
+//! answer is not the stored one, the key was not released) and says what
+//! it could not.
 
 use idem_conformance_core::clause;
-use idem_spec::clauses::Class;
+use idem_conformance_core::verdict::Consequence;
 use idem_spec::policy::FailurePolicy;
 use idem_spec::report::Verdict;
 
@@ -88,16 +90,6 @@ pub fn cases() -> Vec<Case> {
     ]
 }
 
-/// Whether `again` is `stored` answered a second time from the store: the
-/// declared marker says so, or no marker is declared and the bytes match
-/// (then only the execution probe can tell, and the caller asks it).
-fn replayed(rec: &Rec, stored: &Response, again: &Response) -> bool {
-    match rec.ctx.manifest.marked(again) {
-        Some(marked) => marked || again.replayed(),
-        None => again.same_outcome(stored) || again.replayed(),
-    }
-}
-
 async fn final_4xx(rec: &mut Rec) {
     let declared = rec.ctx.manifest.policy.failure_policy;
     if !declared.stores(422) {
@@ -112,7 +104,8 @@ async fn final_4xx(rec: &mut Rec) {
     let a = rec.alias(&key);
     let name = rec.ctx.name(0).to_owned();
     let marker = rec.ctx.marker();
-    let body = crate::server::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
+    let body =
+        crate::server::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
     let req = rec.ctx.op(0, Some(&key), &marker, &body);
     let Some(r1) = rec
         .send(
@@ -138,10 +131,13 @@ async fn final_4xx(rec: &mut Rec) {
         return;
     };
     // A final 4xx that now succeeds was executed again: the caller was told
-    // "no", then the operation happened.
-    rec.check(
+    // "no", then the operation happened, once, and the retry's answer says
+    // so. By the severity rule that is semantics: nothing took effect twice
+    // and nobody was told something false about effects.
+    rec.check_as(
         clause!("idem.failure.final-outcomes"),
-        !rec.ctx.executed(&r2, Some(&r1)),
+        Consequence::Behaviour,
+        !rec.ctx.dialect().executed(&r2, Some(&r1)),
         format!("the {} is final: never executed again", r1.status),
         r2.summary(),
     );
@@ -151,20 +147,22 @@ async fn final_4xx(rec: &mut Rec) {
         r1.summary(),
         r2.summary(),
         rec.ctx
+            .dialect()
             .resource_id(&r2)
             .map_or(String::new(), |id| format!(" (created {id})"))
     ));
     rec.check_as(
         clause!("idem.failure.final-outcomes"),
-        Class::Semantics,
+        Consequence::Behaviour,
         r2.same_outcome(&r1),
         format!("the {} is final: replayed", r1.status),
         r2.summary(),
     );
     check_replay(rec, &r1, &r2, "R2");
     if rec
-        .check_executions(
+        .check_executions_as(
             clause!("idem.failure.final-outcomes"),
+            Consequence::Behaviour,
             &marker,
             1,
             &format!("a final {} retried with its key", r1.status),
@@ -292,31 +290,64 @@ async fn by_failpoint(rec: &mut Rec) {
 }
 
 /// R2, the retry after R1's 5xx with the endpoint's own body: a fresh
-/// execution. The 5xx replayed is safety; the key still held is semantics.
+/// execution. The 5xx replayed and the key still held are both semantics
+/// (the retry is told, truly, that nothing took effect).
+///
+/// A retry answered with the same bytes as R1 is not proof of a stored
+/// answer: the retry may have run and failed the same way. Only the replay
+/// marker, or a count of handler runs, can tell the two apart; without
+/// either the kit does not judge it stored.
 async fn retry_after_5xx(rec: &mut Rec, r1: &Response, r2: &Response, marker: &str) {
-    rec.check(
-        clause!("idem.failure.5xx-not-stored"),
-        !(r2.same_outcome(r1) || r2.status >= 500 && replayed(rec, r1, r2)),
-        "the retry is not answered with the stored 5xx",
-        r2.summary(),
-    );
-    rec.headline(format!(
-        "a {} was stored and replayed to the retry: R1 {} and the retry {}, {} bytes identical",
-        r1.status,
-        r1.summary(),
-        r2.summary(),
-        r2.body.len()
-    ));
+    let marked = r2.status >= 500 && (rec.ctx.manifest.marked(r2) == Some(true) || r2.replayed());
+    let stored = if marked || !r2.same_outcome(r1) {
+        Some(marked)
+    } else {
+        match rec.ctx.executions(marker).await {
+            Some(Ok(n)) => {
+                rec.note(format!(
+                    "R2 repeats R1's {} byte for byte; the execution probe counted {n} handler run(s), so it was {}",
+                    r1.status,
+                    if n >= 2 { "a fresh failure" } else { "answered from the store" }
+                ));
+                Some(n < 2)
+            }
+            Some(Err(e)) => {
+                rec.probe_failed(e);
+                return;
+            }
+            None => {
+                rec.note(format!(
+                    "R2 repeats R1's {} byte for byte without a replay marker: a stored answer and a fresh failure look the same, and no hooks.execution_probe counts runs, so it is not judged stored",
+                    r1.status
+                ));
+                None
+            }
+        }
+    };
+    if let Some(stored) = stored {
+        rec.check(
+            clause!("idem.failure.5xx-not-stored"),
+            !stored,
+            "the retry is not answered with the stored 5xx",
+            r2.summary(),
+        );
+        rec.headline(format!(
+            "a {} was stored and replayed to the retry: R1 {} and the retry {}",
+            r1.status,
+            r1.summary(),
+            r2.summary(),
+        ));
+    }
     rec.check_as(
         clause!("idem.failure.5xx-not-stored"),
-        Class::Semantics,
-        rec.ctx.executed(r2, None),
+        Consequence::Behaviour,
+        rec.ctx.dialect().executed(r2, None),
         "a fresh execution: the 5xx released the key",
         r2.summary(),
     );
     rec.check_effects_as(
         clause!("idem.failure.5xx-not-stored"),
-        Class::Semantics,
+        Consequence::Behaviour,
         0,
         marker,
         &[r1, r2],
@@ -334,7 +365,8 @@ async fn by_body(rec: &mut Rec) {
     let a = rec.alias(&key);
     let name = rec.ctx.name(0).to_owned();
     let marker = rec.ctx.marker();
-    let body = crate::server::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
+    let body =
+        crate::server::manifest::expand(&template, rec.ctx.caller(0), &marker, rec.ctx.amount());
     let req = rec.ctx.op(0, Some(&key), &marker, &body);
     let Some(r1) = rec
         .send(
@@ -377,18 +409,13 @@ async fn by_body(rec: &mut Rec) {
             r2.summary()
         ));
     }
-    // Fewer runs than sends is the 5xx replayed (safety) only when the
-    // retry's answer was a 5xx; a retry refused with a 4xx was not
-    // executed because the key stayed taken, which is semantics.
-    let class = if r2.status >= 500 {
-        Class::Safety
-    } else {
-        Class::Semantics
-    };
+    // Fewer runs than sends is the 5xx stored (or the key left taken): the
+    // retry's caller is told the truth about effects either way (nothing
+    // ran, or it failed again), so by the severity rule it is semantics.
     match rec
         .check_executions_as(
             clause!("idem.failure.5xx-not-stored"),
-            class,
+            Consequence::Behaviour,
             &marker,
             2,
             &format!(
@@ -560,7 +587,7 @@ async fn before_claim(rec: &mut Rec) {
     };
     rec.check(
         clause!("idem.failure.before-claim"),
-        rec.ctx.executed(&r2, None),
+        rec.ctx.dialect().executed(&r2, None),
         format!(
             "a fresh execution: the {status} was decided before the claim and the key stayed free"
         ),
@@ -586,9 +613,15 @@ mod tests {
         let m = crate::server::manifest::parse(crate::server::manifest::TEMPLATE, "t")
             .expect("template")
             .manifest;
-        let client = crate::server::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
-            .expect("client");
-        Rec::new(Arc::new(crate::server::case::Ctx::new(m, client, "run".into(), 1)))
+        let client =
+            crate::server::http::Client::new(std::time::Duration::from_secs(1), 10, 4, 10, [])
+                .expect("client");
+        Rec::new(Arc::new(crate::server::case::Ctx::new(
+            m,
+            client,
+            "run".into(),
+            1,
+        )))
     }
 
     fn resp(status: u16, retry_after: bool) -> Response {

@@ -2,10 +2,10 @@
 //! 409 in-use and Retry-After, or held and replayed under `Prefer: wait`.
 
 use idem_conformance_core::clause;
+use idem_conformance_core::verdict::Consequence;
 use std::time::Duration;
 
 use idem_spec::ErrorCode;
-use idem_spec::clauses::Class;
 use idem_spec::headers::PREFER;
 use idem_spec::report::Verdict;
 
@@ -140,7 +140,7 @@ async fn conflict(rec: &mut Rec) {
         let Some(d) = dup else { return };
         // The duplicate overtook the original: it executed first and the
         // "original" was the duplicate, refused. Not a verdict; start over.
-        let overtaken = rec.ctx.executed(&d, None)
+        let overtaken = rec.ctx.dialect().executed(&d, None)
             && first.as_ref().is_some_and(|f| {
                 f.status == 409 || f.replayed() || rec.ctx.manifest.marked(f) == Some(true)
             });
@@ -177,7 +177,7 @@ async fn conflict(rec: &mut Rec) {
         let refused = (400..500).contains(&d.status);
         rec.check(
             clause!("idem.inflight.conflict"),
-            !rec.ctx.executed(&d, first.as_ref()),
+            !rec.ctx.dialect().executed(&d, first.as_ref()),
             "the duplicate is not executed while the original is in flight",
             d.summary(),
         );
@@ -192,7 +192,7 @@ async fn conflict(rec: &mut Rec) {
             if !refused && let Some(f) = first.as_ref() {
                 rec.check_as(
                     clause!("idem.inflight.conflict"),
-                    Class::Semantics,
+                    Consequence::Behaviour,
                     d.same_outcome(f),
                     "a held duplicate is answered with the original's response",
                     d.summary(),
@@ -212,11 +212,11 @@ async fn conflict(rec: &mut Rec) {
         }
         rec.check_as(
             clause!("idem.inflight.conflict"),
-            Class::Semantics,
+            Consequence::Behaviour,
             refused,
             format!(
                 "refused as in flight ({} as declared)",
-                rec.ctx.spelled(ErrorCode::IdempotencyKeyInUse)
+                rec.ctx.dialect().spelled(ErrorCode::IdempotencyKeyInUse)
             ),
             d.summary(),
         );
@@ -264,7 +264,7 @@ async fn prefer_wait(rec: &mut Rec) {
     if rec.harness_stopped() {
         return;
     }
-    let o = classify(&rec.ctx, &sent);
+    let o = classify(&rec.ctx.dialect(), &sent);
     rec.check(
         clause!("idem.inflight.prefer-wait"),
         o.executed == 1 && o.refused() == 0 && o.other.is_empty(),

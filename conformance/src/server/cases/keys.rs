@@ -2,8 +2,8 @@
 //! keys, and errors that must not consume a key.
 
 use idem_conformance_core::clause;
+use idem_conformance_core::verdict::Consequence;
 use idem_spec::ErrorCode;
-use idem_spec::clauses::Class;
 use idem_spec::report::Verdict;
 
 use super::{KEY, check_refusal, check_replay, err, fresh};
@@ -180,7 +180,7 @@ async fn boundary_lengths(rec: &mut Rec) {
         };
         rec.check(
             clause!("idem.key.syntax"),
-            rec.ctx.executed(&r, None),
+            rec.ctx.dialect().executed(&r, None),
             format!("{what} is accepted: a fresh 2xx"),
             r.summary(),
         );
@@ -206,8 +206,8 @@ async fn boundary_lengths(rec: &mut Rec) {
         .await
     {
         let ok = (200..300).contains(&r.status)
-            || rec.ctx.is(&r, ErrorCode::IdempotencyKeyMismatch)
-            || rec.ctx.is(&r, ErrorCode::IdempotencyKeyInUse);
+            || rec.ctx.dialect().is(&r, ErrorCode::IdempotencyKeyMismatch)
+            || rec.ctx.dialect().is(&r, ErrorCode::IdempotencyKeyInUse);
         rec.check(
             clause!("idem.key.syntax"),
             ok,
@@ -242,7 +242,7 @@ async fn quoted_and_bare(rec: &mut Rec) {
     // The key's identity is the clause here: a second spelling executed
     // again means the target sees two keys. How the repeat is answered is
     // the replay's business, judged only when it was not executed.
-    let executed = rec.ctx.executed(&again, Some(&first));
+    let executed = rec.ctx.dialect().executed(&again, Some(&first));
     rec.check(
         clause!("idem.key.syntax"),
         !executed,
@@ -315,7 +315,7 @@ async fn invalid(rec: &mut Rec) {
             check_refusal(
                 rec,
                 clause!("idem.key.invalid"),
-                Class::Interop,
+                Consequence::Spelling,
                 &r,
                 ErrorCode::IdempotencyKeyInvalid,
                 what,
@@ -349,7 +349,7 @@ async fn missing(rec: &mut Rec) {
         check_refusal(
             rec,
             clause!("idem.key.required"),
-            Class::Semantics,
+            Consequence::Behaviour,
             &r,
             ErrorCode::IdempotencyKeyMissing,
             "no key",
@@ -392,7 +392,7 @@ async fn header_only(rec: &mut Rec) {
         check_refusal(
             rec,
             clause!("idem.key.header"),
-            Class::Interop,
+            Consequence::Spelling,
             &r,
             ErrorCode::IdempotencyKeyMissing,
             "a key outside Idempotency-Key is no key",
@@ -454,7 +454,7 @@ async fn unclaimed(rec: &mut Rec) {
     };
     rec.check(
         clause!("idem.failure.unclaimed"),
-        rec.ctx.executed(&r2, None),
+        rec.ctx.dialect().executed(&r2, None),
         "a fresh execution: the rejected attempt did not consume the key",
         r2.summary(),
     );

@@ -8,8 +8,8 @@
 //! another spelling is `interop`.
 
 use idem_conformance_core::clause;
+use idem_conformance_core::verdict::Consequence;
 use idem_spec::ErrorCode;
-use idem_spec::clauses::Class;
 
 use super::{check_spelling, err, fresh};
 use crate::server::case::{Aim, Case, Rec, shared};
@@ -118,12 +118,12 @@ fn judge(rec: &mut Rec, first: &Response, r: &Response, what: &str) -> Answer {
         "{what} under a used key got the first request's stored response: {} (R1 was {}){}",
         r.summary(),
         first.summary(),
-        rec.ctx.ids_beside(r, first, "R1's")
+        rec.ctx.dialect().ids_beside(r, first, "R1's")
     ));
     if !matches!(a, Answer::Replayed) {
         rec.check_as(
             clause!("idem.fingerprint.mismatch"),
-            Class::Semantics,
+            Consequence::Behaviour,
             matches!(a, Answer::Refused),
             format!("{what}: refused with a 4xx, not executed"),
             r.summary(),
@@ -176,7 +176,7 @@ async fn body(rec: &mut Rec) {
     );
     rec.check_effects_as(
         clause!("idem.fingerprint.mismatch"),
-        Class::Semantics,
+        Consequence::Behaviour,
         0,
         &marker,
         &[&first, &r2],
@@ -214,14 +214,14 @@ async fn path(rec: &mut Rec) {
         rec.note("policy.fingerprint.query = false: the manifest declares the query outside the fingerprint");
         rec.check_as(
             clause!("idem.fingerprint.inputs"),
-            Class::Interop,
+            Consequence::Spelling,
             matches!(kind, Answer::Refused),
             "the query is part of the fingerprint: a refused mismatch (the manifest declares it is not)",
             r2.summary(),
         );
         rec.check_effects_as(
             clause!("idem.fingerprint.mismatch"),
-            Class::Semantics,
+            Consequence::Behaviour,
             0,
             &marker,
             &[&first, &r2],
@@ -243,7 +243,7 @@ async fn path(rec: &mut Rec) {
     }
     rec.check_effects_as(
         clause!("idem.fingerprint.mismatch"),
-        Class::Semantics,
+        Consequence::Behaviour,
         0,
         &marker,
         &[&first, &r2],
@@ -287,7 +287,7 @@ async fn method(rec: &mut Rec) {
         req2.method,
         r2.summary(),
         first.summary(),
-        rec.ctx.ids_beside(&r2, &first, "R1's")
+        rec.ctx.dialect().ids_beside(&r2, &first, "R1's")
     ));
     let m = rec.ctx.manifest.clone();
     let unsupported = m.unsupported(r2.status);

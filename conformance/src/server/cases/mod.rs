@@ -2,8 +2,8 @@
 //! exporting `cases()` with the same small shape ([`crate::server::case::Case`]).
 
 use idem_conformance_core::clause;
+use idem_conformance_core::verdict::Consequence;
 use idem_spec::ErrorCode;
-use idem_spec::clauses::Class;
 use idem_spec::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use idem_spec::manifest::Manifest;
 use idem_spec::problem::PROBLEM_CONTENT_TYPE;
@@ -73,7 +73,7 @@ pub fn problem_shape(r: &Response) -> Result<(), String> {
 }
 
 /// Checks a refusal the contract requires: `r` must be refused (a 4xx)
-/// under `clause` (its failure recorded with `class`, the consequence the
+/// under `clause` (its failure recorded with `seen`, the consequence the
 /// case knows of), and, when it is, spelled as the target declares `code`
 /// (`idem.errors.profiles`) in a well-formed problem document
 /// (`idem.errors.problem-json`). Both spelling checks are interop: a
@@ -82,17 +82,17 @@ pub fn problem_shape(r: &Response) -> Result<(), String> {
 pub fn check_refusal(
     rec: &mut Rec,
     clause: idem_conformance_core::clause::ClauseId,
-    class: Class,
+    seen: Consequence,
     r: &Response,
     code: ErrorCode,
     what: &str,
 ) -> bool {
-    let want = rec.ctx.spelled(code);
+    let want = rec.ctx.dialect().spelled(code);
     let refused = (400..500).contains(&r.status);
     let observed = format!("{what}: {}", r.summary());
     rec.check_as(
         clause,
-        class,
+        seen,
         refused,
         format!("{what}: refused with a 4xx ({want} as declared)"),
         observed.clone(),

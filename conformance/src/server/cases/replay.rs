@@ -2,7 +2,7 @@
 //! response byte for byte, with the marker, and causes nothing.
 
 use idem_conformance_core::clause;
-use idem_spec::clauses::Class;
+use idem_conformance_core::verdict::Consequence;
 
 use super::{check_marked, check_replay, fresh};
 use crate::server::case::{Aim, Case, Rec, shared};
@@ -47,7 +47,113 @@ pub fn cases() -> Vec<Case> {
             },
             run: |r| Box::pin(canonical(r)),
         },
+        Case {
+            id: "replay.incidental-header",
+            title: "a true retry whose only change is an incidental header (traceparent) is replayed",
+            clauses: &[
+                clause!("idem.fingerprint.inputs"),
+                clause!("idem.replay.no-reexecution"),
+            ],
+            needs: &[],
+            aim: Aim::Main,
+            alone: shared,
+            permitted: |m| {
+                if m.policy.fingerprint.covers_header(INCIDENTAL) {
+                    vec![format!(
+                        "R2 (a new {INCIDENTAL}): a replay, or the declared difference (policy.fingerprint.headers covers it): refused as a mismatch, never a second execution"
+                    )]
+                } else {
+                    vec![format!(
+                        "R2 (a new {INCIDENTAL}, nothing else changed): the stored response; one side effect"
+                    )]
+                }
+            },
+            run: |r| Box::pin(incidental_header(r)),
+        },
     ]
+}
+
+/// The header a true retry changes: every attempt of a traced client gets
+/// a new W3C trace context span, so it differs between retries of one
+/// operation.
+pub const INCIDENTAL: &str = "traceparent";
+
+fn traceparent(n: u64) -> String {
+    format!("00-{:032x}-{:016x}-01", u128::from(n) + 1, n + 1)
+}
+
+async fn incidental_header(rec: &mut Rec) {
+    let key = rec.ctx.key();
+    let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
+    let marker = rec.ctx.marker();
+    let body = rec.ctx.body(0, &marker);
+    let base = rec.ctx.op(0, Some(&key), &marker, &body);
+    let r1_req = base
+        .clone()
+        .header(INCIDENTAL, &traceparent(rec.ctx.unique()));
+    let Some(first) = rec
+        .send(
+            &format!("{name} sends a fresh request with {a} and a {INCIDENTAL}"),
+            &r1_req,
+        )
+        .await
+    else {
+        return;
+    };
+    if !(200..300).contains(&first.status) {
+        rec.stop(
+            idem_spec::report::Verdict::Inconclusive,
+            format!("the fresh request was answered {}", first.summary()),
+        );
+        return;
+    }
+    let r2_req = base.header(INCIDENTAL, &traceparent(rec.ctx.unique()));
+    let Some(r2) = rec
+        .send(
+            &format!("{name} retries it with {a}, only its {INCIDENTAL} new"),
+            &r2_req,
+        )
+        .await
+    else {
+        return;
+    };
+    let declared = rec
+        .ctx
+        .manifest
+        .policy
+        .fingerprint
+        .covers_header(INCIDENTAL);
+    let replayed =
+        r2.same_outcome(&first) || rec.ctx.manifest.marked(&r2) == Some(true) || r2.replayed();
+    let refused = (400..500).contains(&r2.status);
+    if declared && refused {
+        rec.note(format!(
+            "policy.fingerprint.headers declares {INCIDENTAL} part of the fingerprint: the refusal is the declared difference"
+        ));
+    }
+    // Refused, the caller is told the truth (nothing ran twice): semantics,
+    // or the declared difference (interop) when the manifest says so.
+    rec.check_as(
+        clause!("idem.fingerprint.inputs"),
+        if declared {
+            Consequence::Spelling
+        } else {
+            Consequence::Behaviour
+        },
+        replayed,
+        format!("a retry differing only in {INCIDENTAL} is the same request: replayed"),
+        r2.summary(),
+    );
+    rec.check_effects(
+        clause!("idem.replay.no-reexecution"),
+        0,
+        &marker,
+        &[&first, &r2],
+        1,
+        &format!("R2 is a retry of R1 with a new {INCIDENTAL}"),
+    )
+    .await;
 }
 
 async fn verbatim(rec: &mut Rec) {
@@ -74,7 +180,7 @@ async fn verbatim(rec: &mut Rec) {
     // (the probes below) it is a safety one.
     rec.check_as(
         clause!("idem.failure.final-outcomes"),
-        Class::Semantics,
+        Consequence::Behaviour,
         r2.same_outcome(&first),
         format!("the 2xx outcome ({}) is stored and replayed", first.status),
         r2.summary(),

@@ -8,8 +8,8 @@
 //! the replay's finding, not scope's.
 
 use idem_conformance_core::clause;
+use idem_conformance_core::verdict::Consequence;
 use idem_spec::ErrorCode;
-use idem_spec::clauses::Class;
 
 use super::{check_replay, fresh};
 use crate::server::case::{Aim, Case, Rec, shared};
@@ -103,8 +103,8 @@ async fn other_caller(rec: &mut Rec) {
     if !leak {
         rec.check_as(
             clause!("idem.scope.caller"),
-            Class::Semantics,
-            rec.ctx.executed(&b1, Some(&alice_first)),
+            Consequence::Behaviour,
+            rec.ctx.dialect().executed(&b1, Some(&alice_first)),
             format!(
                 "a fresh execution of {bob}'s operation: {alice}'s key does not block or refuse it"
             ),
@@ -113,7 +113,7 @@ async fn other_caller(rec: &mut Rec) {
     }
     rec.check_effects_as(
         clause!("idem.scope.caller"),
-        Class::Semantics,
+        Consequence::Behaviour,
         1,
         &bob_marker,
         &[&b1],
@@ -123,7 +123,7 @@ async fn other_caller(rec: &mut Rec) {
     .await;
     rec.check_effects_as(
         clause!("idem.scope.caller"),
-        Class::Semantics,
+        Consequence::Behaviour,
         0,
         &alice_marker,
         &[&alice_first],
@@ -152,7 +152,7 @@ async fn other_caller(rec: &mut Rec) {
     );
     rec.headline(format!(
         "{alice}'s retry got {bob}'s response: it carries {bob}'s marker {bob_marker:?}{}",
-        rec.ctx.ids_side_by_side(&a2, &alice_first)
+        rec.ctx.dialect().ids_side_by_side(&a2, &alice_first)
     ));
     if !leak {
         check_replay(rec, &alice_first, &a2, &format!("{alice}'s own replay"));
@@ -226,11 +226,11 @@ async fn other_caller(rec: &mut Rec) {
     if !leak {
         // Bob may be refused for his own reasons (the accounts in alice's
         // body are not his); only a key conflict is the key's doing.
-        let conflict = rec.ctx.is(&b2, ErrorCode::IdempotencyKeyMismatch)
-            || rec.ctx.is(&b2, ErrorCode::IdempotencyKeyInUse);
+        let conflict = rec.ctx.dialect().is(&b2, ErrorCode::IdempotencyKeyMismatch)
+            || rec.ctx.dialect().is(&b2, ErrorCode::IdempotencyKeyInUse);
         rec.check_as(
             clause!("idem.scope.caller"),
-            Class::Semantics,
+            Consequence::Behaviour,
             !conflict,
             format!("{bob}'s own answer, not a key conflict caused by {alice}"),
             b2.summary(),

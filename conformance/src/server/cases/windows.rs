@@ -2,10 +2,11 @@
 //! request after it. Needs the clock hook; these cases run last because they
 //! move the target's clock.
 
-use idem_conformance_core::clause;
 use super::recovery::crash_then_retry;
 use super::{check_marked, check_replay, fresh};
 use crate::server::case::{Aim, Case, Need, Rec, alone, shared};
+use idem_conformance_core::clause;
+use idem_conformance_core::verdict::Consequence;
 
 use idem_spec::report::Verdict;
 
@@ -95,7 +96,7 @@ async fn progress(rec: &mut Rec) {
     };
     rec.check_as(
         clause!("idem.window.progress"),
-        idem_spec::clauses::Class::Semantics,
+        Consequence::Behaviour,
         (200..300).contains(&r2.status),
         "the request with committed progress is resumed and completes (2xx)",
         r2.summary(),
@@ -150,7 +151,7 @@ async fn progress(rec: &mut Rec) {
     // other answer that is not R2's is a broken replay (semantics).
     rec.check(
         clause!("idem.window.progress"),
-        !rec.ctx.executed(&r3, Some(&r2)),
+        !rec.ctx.dialect().executed(&r3, Some(&r2)),
         "once finished, the key is not replaced by a new request",
         r3.summary(),
     );
@@ -158,7 +159,7 @@ async fn progress(rec: &mut Rec) {
         "a finished request with committed progress was executed again past its window: R2 {}, R3 {}{}",
         r2.summary(),
         r3.summary(),
-        rec.ctx.ids_beside(&r3, &r2, "R2's")
+        rec.ctx.dialect().ids_beside(&r3, &r2, "R2's")
     ));
     check_replay(rec, &r2, &r3, "R3");
 }
@@ -219,7 +220,7 @@ async fn expiry(rec: &mut Rec) {
     };
     rec.check(
         clause!("idem.window.expiry"),
-        rec.ctx.executed(&r2, Some(&first)),
+        rec.ctx.dialect().executed(&r2, Some(&first)),
         "a fresh execution",
         r2.summary(),
     );
@@ -280,7 +281,7 @@ async fn published(rec: &mut Rec) {
     // whether the period is published, a spelling.
     rec.check_as(
         clause!("idem.window.retention"),
-        idem_spec::clauses::Class::Interop,
+        Consequence::Spelling,
         retention.is_some_and(|t| t >= declared),
         format!("a published retention_secs of at least the window ({declared} s)"),
         format!("retention_secs = {retention:?}"),
