@@ -203,6 +203,8 @@ pub struct ClientOptions {
     /// API): a slow start-up then costs a few waves, not one stampede of
     /// every scenario's process.
     pub start_slots: usize,
+    /// Non-strict findings (a missed SHOULD) make the result DEVIATES.
+    pub strict: bool,
 }
 
 impl Default for ClientOptions {
@@ -218,6 +220,7 @@ impl Default for ClientOptions {
             contact: Duration::from_secs(60),
             keys: KeySource::default(),
             start_slots: START_SLOTS,
+            strict: false,
         }
     }
 }
@@ -509,6 +512,36 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
         .filter(|s| opts.only.as_deref().is_none_or(|p| glob(p, s.id)))
         .cloned()
         .collect();
+    let mut records = run_scenarios(&client, &chosen, opts, &|s| progress(s, &redactor)).await?;
+    records.insert(0, first);
+    records.sort_by_key(|r| r.run);
+    for r in &records {
+        redactor.add_headers(r.attempts.iter().flat_map(|a| a.headers.iter()));
+    }
+    let scenarios: Vec<&Scenario> = std::iter::once(&pre).chain(chosen.iter()).collect();
+    let cases = cases_of(client.as_ref(), &scenarios, &records, opts, seed);
+    base.requests = records.iter().map(|r| r.attempts.len() as u64).sum();
+    base.side_effect_requests = records
+        .iter()
+        .flat_map(|r| r.attempts.iter())
+        .filter(|a| a.non_idempotent())
+        .count() as u64;
+    base.cases = cases;
+    base.duration_ms = started.elapsed().as_millis() as u64;
+    finish(&mut base, opts);
+    redactor.report(&mut base);
+    Ok(base)
+}
+
+/// Runs every chosen scenario but the preflight: the single runs in
+/// parallel, the longest first, at most [`ClientOptions::start_slots`]
+/// starting at once; then each repeated scenario's runs one after another.
+async fn run_scenarios(
+    client: &Arc<dyn ClientUnderTest>,
+    chosen: &[Scenario],
+    opts: &ClientOptions,
+    progress: &(dyn Fn(String) + Sync),
+) -> Result<Vec<RunRecord>, Error> {
     let (mut single, repeated): (Vec<&Scenario>, Vec<&Scenario>) =
         chosen.iter().partition(|s| !s.repeated);
     single.sort_by_key(|s| start_rank(s));
@@ -586,47 +619,51 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
             Ok(out)
         });
     }
-    let mut records: Vec<RunRecord> = vec![first];
-    let mut done = 0;
+    let mut records: Vec<RunRecord> = Vec::new();
     while let Some(j) = set.join_next().await {
-        let rs = j.map_err(|e| Error::Check(format!("a run panicked: {e}")))??;
+        let rs: Vec<RunRecord> = j.map_err(|e| Error::Check(format!("a run panicked: {e}")))??;
         for r in rs {
-            done += 1;
-            progress(
-                format!(
-                    "  [{done}/{total}] {} run {}: {} attempt(s), {}, {:.1} s",
-                    r.scenario,
-                    r.run + 1,
-                    r.attempts.len(),
-                    match &r.exit {
-                        Exit::Finished { ok: true, .. } => "success".to_owned(),
-                        Exit::Finished { .. } => "failure".to_owned(),
-                        Exit::Killed(_) => "killed".to_owned(),
-                        Exit::NotStarted(_) => "not started".to_owned(),
-                    },
-                    r.ended.as_secs_f64()
-                ),
-                &redactor,
-            );
+            progress(format!(
+                "  [{}/{total}] {} run {}: {} attempt(s), {}, {:.1} s",
+                records.len() + 1,
+                r.scenario,
+                r.run + 1,
+                r.attempts.len(),
+                match &r.exit {
+                    Exit::Finished { ok: true, .. } => "success".to_owned(),
+                    Exit::Finished { .. } => "failure".to_owned(),
+                    Exit::Killed(_) => "killed".to_owned(),
+                    Exit::NotStarted(_) => "not started".to_owned(),
+                },
+                r.ended.as_secs_f64()
+            ));
             records.push(r);
         }
     }
-    records.sort_by_key(|r| r.run);
-    for r in &records {
-        redactor.add_headers(r.attempts.iter().flat_map(|a| a.headers.iter()));
-    }
+    Ok(records)
+}
+
+/// The cases of a check: one per scenario, judged on its runs, and
+/// `keys.per-operation` across every run.
+fn cases_of(
+    client: &dyn ClientUnderTest,
+    scenarios: &[&Scenario],
+    records: &[RunRecord],
+    opts: &ClientOptions,
+    seed: u64,
+) -> Vec<CaseReport> {
     let lim = Limits {
         deadline: opts.deadline,
         keys: opts.keys.clone(),
-        retrier: retried_transient(&records),
+        retrier: retried_transient(records),
     };
     let mut cases = Vec::new();
-    for s in std::iter::once(&pre).chain(chosen.iter()) {
+    for s in scenarios {
         let rs: Vec<&RunRecord> = records.iter().filter(|r| r.scenario == s.id).collect();
-        let mut case = case_report(client.as_ref(), s, &rs, &lim, opts.runs);
+        let mut case = case_report(client, s, &rs, &lim, opts.runs);
         if case.verdict != Verdict::Pass {
             case.reproduction
-                .insert(0, reproduce_line(client.as_ref(), s, opts, seed));
+                .insert(0, reproduce_line(client, s, opts, seed));
         }
         cases.push(case);
     }
@@ -656,17 +693,7 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
             rerun: None,
         });
     }
-    base.requests = records.iter().map(|r| r.attempts.len() as u64).sum();
-    base.side_effect_requests = records
-        .iter()
-        .flat_map(|r| r.attempts.iter())
-        .filter(|a| a.non_idempotent())
-        .count() as u64;
-    base.cases = cases;
-    base.duration_ms = started.elapsed().as_millis() as u64;
-    finish(&mut base, opts);
-    redactor.report(&mut base);
-    Ok(base)
+    cases
 }
 
 /// How to reproduce one scenario: the kit again, on that scenario alone,
@@ -748,6 +775,7 @@ fn finish(report: &mut Report, opts: &ClientOptions) {
         .iter()
         .flat_map(|c| c.checks.iter().map(|k| k.clause.clone()))
         .collect();
+    report.summary.strict = opts.strict;
     idem_conformance_core::summary::finish_where(report, &[], &|c| {
         c.party == Party::Client || cited.contains(&c.id)
     });
