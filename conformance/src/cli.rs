@@ -213,30 +213,25 @@ pub async fn execute(cli: Cli) -> i32 {
             key_pointer,
             strict,
             out,
-        } => match idem_conformance_client::KeySource::new(
-            Some(&key_header),
-            key_pointer.as_deref(),
-        ) {
-            Ok(keys) => {
-                client(
-                    command,
-                    idem_conformance_client::ClientOptions {
-                        deadline: std::time::Duration::from_secs(deadline.max(1)),
-                        runs,
-                        seed,
-                        only,
-                        success_body,
-                        progress: true,
-                        keys,
-                        strict,
-                        ..idem_conformance_client::ClientOptions::default()
-                    },
-                    &out,
-                )
-                .await
+        } => {
+            let keys =
+                idem_conformance_client::KeySource::new(Some(&key_header), key_pointer.as_deref());
+            let opts = keys.map(|keys| idem_conformance_client::ClientOptions {
+                deadline: std::time::Duration::from_secs(deadline.max(1)),
+                runs,
+                seed,
+                only,
+                success_body,
+                progress: true,
+                keys,
+                strict,
+                ..idem_conformance_client::ClientOptions::default()
+            });
+            match opts {
+                Ok(opts) => client(command, opts, &out).await,
+                Err(e) => Err(Error::Client(e)),
             }
-            Err(e) => Err(Error::Client(e)),
-        },
+        }
     };
     result.unwrap_or_else(|e| {
         eprintln!("idem-conformance: {e}");

@@ -418,3 +418,35 @@ fn the_ci_recipe_runs_as_written() {
     }
     assert!(!all.contains(SECRET), "the secret in the output");
 }
+
+#[test]
+fn strict_turns_a_missed_should_into_deviates() {
+    // curl --retry waits a fixed 1 s: the jitter SHOULD is missed, which
+    // alone leaves CONFORMS, and under --strict is DEVIATES.
+    let cmd = KEYED.replace("curl -sf", "curl -sf --retry 2");
+    let (o, r) = kit(
+        &cmd,
+        &[
+            "--deadline",
+            "3",
+            "--runs",
+            "6",
+            "--only",
+            "backoff.jitter",
+            "--strict",
+        ],
+    );
+    let all = text(&o);
+    assert_eq!(
+        clause(&r, "idem.client.backoff-jitter")["verdict"],
+        "non-strict",
+        "{all}"
+    );
+    assert_eq!(
+        r["summary"]["must_clauses_failed"],
+        serde_json::json!([]),
+        "{all}"
+    );
+    assert_eq!(r["summary"]["strict"], true, "{all}");
+    assert_eq!(o.status.code(), Some(3), "{all}");
+}

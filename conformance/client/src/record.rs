@@ -235,7 +235,7 @@ impl KeySource {
     /// Every key value the attempt carries where the API reads keys: each
     /// header of that name, or the body's member at the pointer (a string,
     /// or a number as written).
-    pub fn raw_keys<'a>(&self, a: &'a Attempt) -> Vec<String> {
+    pub fn raw_keys(&self, a: &Attempt) -> Vec<String> {
         match &self.pointer {
             None => a
                 .header_values(&self.header)
