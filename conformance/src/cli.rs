@@ -91,13 +91,15 @@ pub enum Command {
     /// Check a client or SDK: run COMMAND once per scenario against a
     /// fault-injecting API at $IDEM_BASE_URL and judge its retries against
     /// the contract's client clauses.
+    #[command(after_help = CLIENT_HELP)]
     Client {
         /// The command performing one POST with a JSON body through the SDK
         /// under test, to any path under $IDEM_BASE_URL; exit 0 iff the SDK
         /// finally got a 2xx. Run with `sh -c`.
         #[arg(long = "run", value_name = "COMMAND")]
         command: String,
-        /// The JSON body every success answers with.
+        /// The JSON body every success answers with: what the SDK parses
+        /// its result from, e.g. --success-body '{"id":"pay_1","status":"succeeded"}'.
         #[arg(long, default_value = "{}", value_name = "JSON")]
         success_body: String,
         /// The SDK's configured overall deadline, in seconds.
@@ -112,6 +114,18 @@ pub enum Command {
         /// Only scenarios matching this glob (the plain success always runs).
         #[arg(long)]
         only: Option<String>,
+        /// The header the API reads the key from (a tracing-id header such
+        /// as x-ms-client-request-id is refused: no server deduplicates on it).
+        #[arg(long, default_value = "Idempotency-Key", value_name = "NAME")]
+        key_header: String,
+        /// The key travels in the JSON body instead, at this JSON pointer,
+        /// e.g. /idempotency_key.
+        #[arg(long, value_name = "POINTER")]
+        key_pointer: Option<String>,
+        /// Also fail (DEVIATES, exit 3) on non-strict findings: a missed
+        /// SHOULD, such as no jitter or no attempt cap.
+        #[arg(long)]
+        strict: bool,
         /// Reports.
         #[command(flatten)]
         out: Outputs,
@@ -128,6 +142,22 @@ pub enum Command {
         base_url: Option<String>,
     },
 }
+
+/// The `client` subcommand's help after its options: the exit codes and
+/// an example.
+const CLIENT_HELP: &str = "\
+Exit codes:
+  0  CONFORMS       no MUST clause failed (a missed SHOULD is non-strict)
+  1  UNSAFE         a safety clause failed: a second effect is possible
+  2  HARNESS ERROR  the kit could not judge (command not found, never reached the API)
+  3  DEVIATES       only semantics or interop MUST clauses failed
+
+Example:
+  idem-conformance client --deadline 30 \\
+    --success-body '{\"id\":\"pay_1\",\"status\":\"succeeded\"}' \\
+    --run 'python pay.py'
+
+Secrets in the command, its environment and the headers it sends are redacted from every report.";
 
 fn parse_profile(s: &str) -> Result<idem_spec::Profile, String> {
     idem_spec::Profile::from_name(s).ok_or_else(|| {
@@ -179,18 +209,28 @@ pub async fn execute(cli: Cli) -> i32 {
             runs,
             seed,
             only,
+            key_header,
+            key_pointer,
+            strict,
             out,
         } => {
-            let opts = idem_conformance_client::ClientOptions {
+            let keys =
+                idem_conformance_client::KeySource::new(Some(&key_header), key_pointer.as_deref());
+            let opts = keys.map(|keys| idem_conformance_client::ClientOptions {
                 deadline: std::time::Duration::from_secs(deadline.max(1)),
                 runs,
                 seed,
                 only,
                 success_body,
                 progress: true,
+                keys,
+                strict,
                 ..idem_conformance_client::ClientOptions::default()
-            };
-            client(command, opts, &out).await
+            });
+            match opts {
+                Ok(opts) => client(command, opts, &out).await,
+                Err(e) => Err(Error::Client(e)),
+            }
         }
     };
     result.unwrap_or_else(|e| {
@@ -291,6 +331,14 @@ pub async fn client(
     )
     .await?;
     let code = emit(&report, out)?;
+    let (checked, of) = idem_conformance_client::runner::clauses_checked(&report);
+    match &opts.only {
+        // A partial run's result covers only what it checked.
+        Some(only) => println!(
+            "partial run (--only {only}): {checked} of {of} client clauses checked; the result covers those only"
+        ),
+        None => println!("{checked} of {of} client clauses checked"),
+    }
     eprintln!(
         "idem-conformance client: wall time {:.1} s",
         started.elapsed().as_secs_f64()

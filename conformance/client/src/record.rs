@@ -121,19 +121,13 @@ pub struct Attempt {
 }
 
 impl Attempt {
-    /// The values of every `Idempotency-Key` header (any letter case).
-    pub fn keys(&self) -> Vec<&str> {
+    /// The values of every header named `name` (any letter case).
+    pub fn header_values(&self, name: &str) -> Vec<&str> {
         self.headers
             .iter()
-            .filter(|(n, _)| n.eq_ignore_ascii_case("idempotency-key"))
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
             .collect()
-    }
-
-    /// The key as the server would read it: the one header's value,
-    /// unquoted when it is a Structured-Field string.
-    pub fn key(&self) -> Option<String> {
-        self.keys().first().map(|v| unquote(v))
     }
 
     /// Whether the method changes state and is not idempotent by HTTP's
@@ -143,6 +137,132 @@ impl Attempt {
             self.method.to_ascii_uppercase().as_str(),
             "GET" | "HEAD" | "PUT" | "DELETE" | "OPTIONS" | "TRACE" | "QUERY" | "?"
         )
+    }
+}
+
+/// The contract's key header (`idem.key.header`).
+pub const KEY_HEADER: &str = "Idempotency-Key";
+
+/// Request headers that carry a per-operation *tracing* id: SDKs resend
+/// them unchanged on every retry, yet no server deduplicates on them, so
+/// the kit never takes one for a key (`--key-header` refuses them too).
+pub const TRACING_HEADERS: &[&str] = &[
+    "x-ms-client-request-id",
+    "amz-sdk-invocation-id",
+    "x-amzn-trace-id",
+    "x-request-id",
+    "x-client-request-id",
+    "x-correlation-id",
+    "request-id",
+    "traceparent",
+    "tracestate",
+    "x-b3-traceid",
+    "x-cloud-trace-context",
+];
+
+/// Whether `name` is one of the [`TRACING_HEADERS`].
+pub fn is_tracing_header(name: &str) -> bool {
+    TRACING_HEADERS.iter().any(|t| t.eq_ignore_ascii_case(name))
+}
+
+/// Where the API under test reads the idempotency key: a header (the
+/// contract's `Idempotency-Key` by default), or a member of the JSON body
+/// named by a JSON pointer (RFC 6901), as some SDKs send it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySource {
+    /// The header the key travels in, when no pointer is given.
+    pub header: String,
+    /// The JSON pointer into the body, e.g. `/idempotency_key`.
+    pub pointer: Option<String>,
+}
+
+impl Default for KeySource {
+    fn default() -> Self {
+        Self {
+            header: KEY_HEADER.to_owned(),
+            pointer: None,
+        }
+    }
+}
+
+impl KeySource {
+    /// Checks a `--key-header` / `--key-pointer` pair: a pointer must be a
+    /// JSON pointer, a header a token, and never a tracing id.
+    pub fn new(header: Option<&str>, pointer: Option<&str>) -> Result<Self, String> {
+        let header = header.unwrap_or(KEY_HEADER).trim();
+        if header.is_empty()
+            || !header
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+        {
+            return Err(format!("--key-header {header:?} is not a header name"));
+        }
+        if is_tracing_header(header) {
+            return Err(format!(
+                "--key-header {header}: that header carries a tracing id, which SDKs resend \
+                 unchanged and no server deduplicates on; it is never taken as a key"
+            ));
+        }
+        if let Some(p) = pointer
+            && !p.starts_with('/')
+        {
+            return Err(format!(
+                "--key-pointer {p:?} is not a JSON pointer (it starts with '/', e.g. /idempotency_key)"
+            ));
+        }
+        Ok(Self {
+            header: header.to_owned(),
+            pointer: pointer.map(str::to_owned),
+        })
+    }
+
+    /// Whether this is the contract's own place, `Idempotency-Key`: only
+    /// then do the key's wire clauses (`idem.key.header`,
+    /// `idem.key.syntax`) apply.
+    pub fn is_contracts(&self) -> bool {
+        self.pointer.is_none() && self.header.eq_ignore_ascii_case(KEY_HEADER)
+    }
+
+    /// Where the key is read, for a report: `header Idempotency-Key` or
+    /// `body /idempotency_key`.
+    pub fn describe(&self) -> String {
+        match &self.pointer {
+            Some(p) => format!("body member {p}"),
+            None => format!("header {}", self.header),
+        }
+    }
+
+    /// Every key value the attempt carries where the API reads keys: each
+    /// header of that name, or the body's member at the pointer (a string,
+    /// or a number as written).
+    pub fn raw_keys(&self, a: &Attempt) -> Vec<String> {
+        match &self.pointer {
+            None => a
+                .header_values(&self.header)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            Some(p) => serde_json::from_str::<serde_json::Value>(&a.body)
+                .ok()
+                .and_then(|v| match v.pointer(p)? {
+                    serde_json::Value::String(s) => Some(s.clone()),
+                    n @ serde_json::Value::Number(_) => Some(n.to_string()),
+                    _ => None,
+                })
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// The key as the server would read it: the one value, unquoted when a
+    /// header carries it as a Structured-Field string.
+    pub fn key(&self, a: &Attempt) -> Option<String> {
+        let first = self.raw_keys(a).into_iter().next()?;
+        Some(if self.pointer.is_some() {
+            first
+        } else {
+            unquote(&first)
+        })
     }
 }
 
@@ -161,7 +281,7 @@ pub fn unquote(v: &str) -> String {
 pub enum Exit {
     /// It finished: `ok` is its own verdict (exit 0 / the closure's true).
     Finished {
-        /// Whether it reported a final 2xx.
+        /// Whether it reported a final 2xx (exit 0, the closure's `true`).
         ok: bool,
         /// The exit code, for a process.
         code: Option<i32>,
@@ -216,11 +336,11 @@ impl RunRecord {
 
     /// The recorded attempts as a timeline, one line each:
     /// `t=+0.000s POST /x key=… conn#1 → 503 Retry-After: 1`.
-    pub fn timeline(&self) -> Vec<String> {
+    pub fn timeline(&self, keys: &KeySource) -> Vec<String> {
         let mut out: Vec<String> = self.note.iter().cloned().collect();
         let mut prev: Option<Duration> = None;
         for (i, a) in self.attempts.iter().enumerate() {
-            let key = match a.keys().as_slice() {
+            let key = match keys.raw_keys(a).as_slice() {
                 [] => "no key".to_owned(),
                 [k] => format!("key={k}"),
                 many => format!("{} keys: {}", many.len(), many.join(" | ")),

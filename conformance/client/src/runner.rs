@@ -12,7 +12,8 @@ use idem_spec::report::{CaseReport, Report, Verdict};
 use sha2::Digest;
 
 use super::judge::{self, Limits};
-use super::record::{Exit, Kill, RunRecord};
+use super::record::{Exit, KeySource, Kill, RunRecord};
+use super::redact::Redactor;
 use super::scenario::{self, Scenario};
 use super::server::{FaultServer, Setup};
 use crate::Error;
@@ -40,9 +41,9 @@ pub type Invocation<'a> = Pin<Box<dyn Future<Output = Result<ClientRun, String>>
 pub trait ClientUnderTest: Send + Sync {
     /// What the report names as the target.
     fn describe(&self) -> String;
-    /// How to reproduce one run by hand, if there is a way.
-    fn reproduce(&self, base_url: &str) -> Option<String> {
-        let _ = base_url;
+    /// The shell command line, for a command: the reproduce line re-runs
+    /// the kit with it (secrets redacted).
+    fn command(&self) -> Option<&str> {
         None
     }
     /// Performs one operation against `base_url`.
@@ -128,11 +129,8 @@ impl ClientUnderTest for ShellCommand {
         format!("client: {}", self.command)
     }
 
-    fn reproduce(&self, base_url: &str) -> Option<String> {
-        Some(format!(
-            "IDEM_BASE_URL={base_url} sh -c {}",
-            shell_quote(&self.command)
-        ))
+    fn command(&self) -> Option<&str> {
+        Some(&self.command)
     }
 
     fn invoke(&self, base_url: String) -> Invocation<'_> {
@@ -174,6 +172,10 @@ fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
+/// How many runs start at once by default: two per core of this machine
+/// of two cores, four at least.
+pub const START_SLOTS: usize = 4;
+
 /// Options of a client check.
 #[derive(Debug, Clone)]
 pub struct ClientOptions {
@@ -195,6 +197,14 @@ pub struct ClientOptions {
     pub first_contact: Duration,
     /// How long every later run may take to reach the API.
     pub contact: Duration,
+    /// Where the API reads the key (`--key-header`, `--key-pointer`).
+    pub keys: KeySource,
+    /// How many runs may be starting at once (started, not yet at the
+    /// API): a slow start-up then costs a few waves, not one stampede of
+    /// every scenario's process.
+    pub start_slots: usize,
+    /// Non-strict findings (a missed SHOULD) make the result DEVIATES.
+    pub strict: bool,
 }
 
 impl Default for ClientOptions {
@@ -208,6 +218,9 @@ impl Default for ClientOptions {
             progress: false,
             first_contact: Duration::from_secs(300),
             contact: Duration::from_secs(60),
+            keys: KeySource::default(),
+            start_slots: START_SLOTS,
+            strict: false,
         }
     }
 }
@@ -220,11 +233,22 @@ pub async fn run_once(
     opts: &ClientOptions,
     contact: Duration,
     contacted: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+    slots: Option<Arc<tokio::sync::Semaphore>>,
 ) -> Result<RunRecord, Error> {
     let mut contacted = contacted;
+    // A start slot is held from the start until the run reaches the API.
+    let mut slot = match slots {
+        Some(s) => Some(
+            s.acquire_owned()
+                .await
+                .map_err(|e| Error::Check(format!("start slots: {e}")))?,
+        ),
+        None => None,
+    };
     let start = Instant::now();
     let lim = Limits {
         deadline: opts.deadline,
+        ..Limits::default()
     };
     let server = FaultServer::start(Setup {
         scenario: sc.clone(),
@@ -242,10 +266,11 @@ pub async fn run_once(
         let mut watching = true;
         loop {
             let attempts = server.attempts();
-            if !attempts.is_empty()
-                && let Some(tx) = contacted.take()
-            {
-                let _ = tx.send(());
+            if !attempts.is_empty() {
+                slot.take();
+                if let Some(tx) = contacted.take() {
+                    let _ = tx.send(());
+                }
             }
             if attempts.len() > lim.attempt_ceiling() {
                 break (Exit::Killed(Kill::TooManyAttempts), ClientRun::default());
@@ -272,6 +297,7 @@ pub async fn run_once(
         }
     };
     let ended = start.elapsed();
+    drop(slot);
     if let Some(tx) = contacted.take() {
         let _ = tx.send(());
     }
@@ -353,9 +379,65 @@ fn glob(pattern: &str, id: &str) -> bool {
     idem_conformance_core::waivers::matches(pattern, id)
 }
 
+/// The order the single runs start in: the longest first (the hang, the
+/// always-failing scenarios, the waits for a hint or a timeout), so that
+/// start slots shorten the check rather than lengthen it.
+fn start_rank(s: &Scenario) -> u8 {
+    match s.family() {
+        "limits" => 0,
+        "retry-after" => 1,
+        _ if s.id == "retry.slow-answer" => 1,
+        _ => 2,
+    }
+}
+
+/// The single runs the repeated ones do not wait for: those that last
+/// about as long as the deadline or a timeout, idle most of that time.
+fn long_running(s: &Scenario) -> bool {
+    s.family() == "limits" || s.id == "retry-after.past-deadline" || s.id == "retry.slow-answer"
+}
+
+/// Reports a single run's end when dropped, however its task ends.
+struct Finished(Option<tokio::sync::mpsc::UnboundedSender<()>>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        if let Some(tx) = self.0.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// How many times a repeated scenario runs.
+fn repeats(s: &Scenario, opts: &ClientOptions) -> usize {
+    if s.id == scenario::RESET_RUNS_ID {
+        scenario::RESET_RUNS
+    } else {
+        opts.runs.max(2)
+    }
+}
+
+/// Whether any run retried a transient answer (a 5xx or a 429): what
+/// makes a client's not retrying after a hint past its deadline evidence.
+fn retried_transient(records: &[RunRecord]) -> bool {
+    records.iter().any(|r| {
+        r.attempts.windows(2).any(|w| {
+            matches!(
+                w[0].answer.retry(),
+                super::record::Retry::Transient | super::record::Retry::WithKeyOnly
+            )
+        })
+    })
+}
+
 /// Checks `client` against the contract's client clauses: the plain
 /// success first (a harness error when the client never reaches the API),
-/// then every other scenario run in parallel, each on its own server.
+/// then every other scenario, each on its own server: the single runs in
+/// parallel, at most [`ClientOptions::start_slots`] starting at once, the
+/// repeated ones (the jitter and zero-backoff statistics) each one run
+/// after another once the others have reached the API. Every secret of the
+/// command, its environment and the recorded headers is redacted from the
+/// report ([`Redactor`]).
 pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Result<Report, Error> {
     let started = Instant::now();
     let started_unix_secs = SystemTime::now()
@@ -368,13 +450,11 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
                 .unwrap_or([0; 8]),
         )
     });
-    let lim = Limits {
-        deadline: opts.deadline,
-    };
+    let mut redactor = Redactor::for_command(client.command().unwrap_or(""));
     let all = scenario::all(2 + seed % 2);
-    let progress = |s: String| {
+    let progress = |s: String, redactor: &Redactor| {
         if opts.progress {
-            eprintln!("{s}");
+            eprintln!("{}", redactor.redact(&s));
         }
     };
     let pre = all
@@ -382,26 +462,44 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
         .find(|s| s.id == scenario::PREFLIGHT)
         .cloned()
         .ok_or_else(|| Error::Check("no preflight scenario".into()))?;
-    progress(format!(
-        "idem-conformance client: {} (deadline {} s, {} jitter runs)",
-        client.describe(),
-        opts.deadline.as_secs(),
-        opts.runs
-    ));
-    let first = run_once(client.as_ref(), &pre, 0, opts, opts.first_contact, None).await?;
+    progress(
+        format!(
+            "idem-conformance client: {} (deadline {} s, {} jitter runs, key in the {})",
+            client.describe(),
+            opts.deadline.as_secs(),
+            opts.runs,
+            opts.keys.describe()
+        ),
+        &redactor,
+    );
+    let first = run_once(
+        client.as_ref(),
+        &pre,
+        0,
+        opts,
+        opts.first_contact,
+        None,
+        None,
+    )
+    .await?;
+    redactor.add_headers(first.attempts.iter().flat_map(|a| a.headers.iter()));
     let mut base = base_report(client.as_ref(), seed, started_unix_secs);
     if first.attempts.is_empty() {
         base.harness_error = Some(never_contacted(client.as_ref(), &first, opts.first_contact));
         base.duration_ms = started.elapsed().as_millis() as u64;
-        finish(&mut base);
+        finish(&mut base, opts);
+        redactor.report(&mut base);
         return Ok(base);
     }
-    progress(format!(
-        "  {} run 1: {} attempt(s), {:.1} s",
-        pre.id,
-        first.attempts.len(),
-        first.ended.as_secs_f64()
-    ));
+    progress(
+        format!(
+            "  {} run 1: {} attempt(s), {:.1} s",
+            pre.id,
+            first.attempts.len(),
+            first.ended.as_secs_f64()
+        ),
+        &redactor,
+    );
     base.preflight = vec![format!(
         "{} reached the API ({} {}) and finished",
         client.describe(),
@@ -414,21 +512,67 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
         .filter(|s| opts.only.as_deref().is_none_or(|p| glob(p, s.id)))
         .cloned()
         .collect();
-    // Every scenario runs at once, each on its own server, except the
-    // jitter runs: they measure delays to a few milliseconds, so they start
-    // once the others have reached the API (the start-up burst is over)
-    // and run one after another.
-    let (single, repeated): (Vec<&Scenario>, Vec<&Scenario>) =
+    let mut records = run_scenarios(&client, &chosen, opts, &|s| progress(s, &redactor)).await?;
+    records.insert(0, first);
+    records.sort_by_key(|r| r.run);
+    for r in &records {
+        redactor.add_headers(r.attempts.iter().flat_map(|a| a.headers.iter()));
+    }
+    let scenarios: Vec<&Scenario> = std::iter::once(&pre).chain(chosen.iter()).collect();
+    let cases = cases_of(client.as_ref(), &scenarios, &records, opts, seed);
+    base.requests = records.iter().map(|r| r.attempts.len() as u64).sum();
+    base.side_effect_requests = records
+        .iter()
+        .flat_map(|r| r.attempts.iter())
+        .filter(|a| a.non_idempotent())
+        .count() as u64;
+    base.cases = cases;
+    base.duration_ms = started.elapsed().as_millis() as u64;
+    finish(&mut base, opts);
+    redactor.report(&mut base);
+    Ok(base)
+}
+
+/// Runs every chosen scenario but the preflight: the single runs in
+/// parallel, the longest first, at most [`ClientOptions::start_slots`]
+/// starting at once; then each repeated scenario's runs one after another.
+async fn run_scenarios(
+    client: &Arc<dyn ClientUnderTest>,
+    chosen: &[Scenario],
+    opts: &ClientOptions,
+    progress: &(dyn Fn(String) + Sync),
+) -> Result<Vec<RunRecord>, Error> {
+    let (mut single, repeated): (Vec<&Scenario>, Vec<&Scenario>) =
         chosen.iter().partition(|s| !s.repeated);
-    let jitter_runs = opts.runs.max(2);
-    let total = single.len() + repeated.len() * jitter_runs;
+    single.sort_by_key(|s| start_rank(s));
+    let total = single.len() + repeated.iter().map(|s| repeats(s, opts)).sum::<usize>();
+    let slots = Arc::new(tokio::sync::Semaphore::new(opts.start_slots.max(1)));
     let mut set = tokio::task::JoinSet::new();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let short = single.iter().filter(|s| !long_running(s)).count();
     for s in &single {
-        let (client, opts, s, tx) = (client.clone(), opts.clone(), (*s).clone(), tx.clone());
+        let (client, opts, s, tx, slots) = (
+            client.clone(),
+            opts.clone(),
+            (*s).clone(),
+            tx.clone(),
+            slots.clone(),
+        );
+        let done = (!long_running(&s)).then(|| done_tx.clone());
         set.spawn(async move {
+            let _done = Finished(done);
             let contact = opts.contact;
-            let r = run_once(client.as_ref(), &s, 0, &opts, contact, Some(tx)).await?;
+            let r = run_once(
+                client.as_ref(),
+                &s,
+                0,
+                &opts,
+                contact,
+                Some(tx),
+                Some(slots.clone()),
+            )
+            .await?;
             if !r.attempts.is_empty() {
                 return Ok(vec![r]);
             }
@@ -436,17 +580,28 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
             // the preflight proved the command can, so it gets one re-run
             // before the case is called an error.
             let why = never_contacted(client.as_ref(), &r, contact);
-            let mut again = run_once(client.as_ref(), &s, 0, &opts, contact, None).await?;
+            let mut again =
+                run_once(client.as_ref(), &s, 0, &opts, contact, None, Some(slots)).await?;
             again.note = Some(format!(
                 "re-run: the first run never reached the API ({why})"
             ));
             Ok(vec![again])
         });
     }
-    drop(tx);
+    drop((tx, done_tx));
+    // The repeated runs measure delays to a few milliseconds, so they start
+    // once the single runs have reached the API (the start-up burst is
+    // over) and the short ones have finished (their retries and start-ups
+    // measured, in the zoo, as 20 to 65 ms of noise on the first jitter
+    // runs), and each scenario's runs go one after another. The long runs
+    // left (the hang, the always-failing, the waits) are idle by then.
     let settle = async {
         let mut n = 0;
         while n < single.len() && rx.recv().await.is_some() {
+            n += 1;
+        }
+        let mut n = 0;
+        while n < short && done_rx.recv().await.is_some() {
             n += 1;
         }
     };
@@ -455,21 +610,22 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
         let (client, opts, s) = (client.clone(), opts.clone(), (*s).clone());
         set.spawn(async move {
             let mut out = Vec::new();
-            for i in 0..jitter_runs {
+            for i in 0..repeats(&s, &opts) {
                 let contact = opts.contact;
-                out.push(run_once(client.as_ref(), &s, i as u32, &opts, contact, None).await?);
+                out.push(
+                    run_once(client.as_ref(), &s, i as u32, &opts, contact, None, None).await?,
+                );
             }
             Ok(out)
         });
     }
-    let mut records: Vec<RunRecord> = vec![first];
-    let mut done = 0;
+    let mut records: Vec<RunRecord> = Vec::new();
     while let Some(j) = set.join_next().await {
-        let rs = j.map_err(|e| Error::Check(format!("a run panicked: {e}")))??;
+        let rs: Vec<RunRecord> = j.map_err(|e| Error::Check(format!("a run panicked: {e}")))??;
         for r in rs {
-            done += 1;
             progress(format!(
-                "  [{done}/{total}] {} run {}: {} attempt(s), {}, {:.1} s",
+                "  [{}/{total}] {} run {}: {} attempt(s), {}, {:.1} s",
+                records.len() + 1,
                 r.scenario,
                 r.run + 1,
                 r.attempts.len(),
@@ -484,16 +640,37 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
             records.push(r);
         }
     }
-    records.sort_by_key(|r| r.run);
+    Ok(records)
+}
+
+/// The cases of a check: one per scenario, judged on its runs, and
+/// `keys.per-operation` across every run.
+fn cases_of(
+    client: &dyn ClientUnderTest,
+    scenarios: &[&Scenario],
+    records: &[RunRecord],
+    opts: &ClientOptions,
+    seed: u64,
+) -> Vec<CaseReport> {
+    let lim = Limits {
+        deadline: opts.deadline,
+        keys: opts.keys.clone(),
+        retrier: retried_transient(records),
+    };
     let mut cases = Vec::new();
-    for s in std::iter::once(&pre).chain(chosen.iter()) {
+    for s in scenarios {
         let rs: Vec<&RunRecord> = records.iter().filter(|r| r.scenario == s.id).collect();
-        cases.push(case_report(client.as_ref(), s, &rs, &lim, opts.runs));
+        let mut case = case_report(client, s, &rs, &lim, opts.runs);
+        if case.verdict != Verdict::Pass {
+            case.reproduction
+                .insert(0, reproduce_line(client, s, opts, seed));
+        }
+        cases.push(case);
     }
     let keyed: Vec<(String, String)> = records
         .iter()
         .filter_map(|r| {
-            let k = r.attempts.first()?.key()?;
+            let k = lim.keys.key(r.attempts.first()?)?;
             Some((format!("{} run {}", r.scenario, r.run + 1), k))
         })
         .collect();
@@ -516,16 +693,50 @@ pub async fn run(client: Arc<dyn ClientUnderTest>, opts: &ClientOptions) -> Resu
             rerun: None,
         });
     }
-    base.requests = records.iter().map(|r| r.attempts.len() as u64).sum();
-    base.side_effect_requests = records
-        .iter()
-        .flat_map(|r| r.attempts.iter())
-        .filter(|a| a.non_idempotent())
-        .count() as u64;
-    base.cases = cases;
-    base.duration_ms = started.elapsed().as_millis() as u64;
-    finish(&mut base);
-    Ok(base)
+    cases
+}
+
+/// How to reproduce one scenario: the kit again, on that scenario alone,
+/// with the same seed and options (its fault server is gone once the check
+/// ends, so a line naming its address would lead nowhere).
+pub fn reproduce_line(
+    client: &dyn ClientUnderTest,
+    sc: &Scenario,
+    opts: &ClientOptions,
+    seed: u64,
+) -> String {
+    let mut args = vec![
+        format!("--only {}", sc.id),
+        format!("--seed {seed}"),
+        format!("--deadline {}", opts.deadline.as_secs()),
+    ];
+    if sc.id == scenario::JITTER {
+        args.push(format!("--runs {}", opts.runs));
+    }
+    if opts.keys.pointer.is_none() && !opts.keys.is_contracts() {
+        args.push(format!("--key-header {}", opts.keys.header));
+    }
+    if let Some(p) = &opts.keys.pointer {
+        args.push(format!("--key-pointer {p}"));
+    }
+    if opts.success_body != "{}" {
+        args.push(format!(
+            "--success-body {}",
+            shell_quote(&opts.success_body)
+        ));
+    }
+    match client.command() {
+        Some(cmd) => format!(
+            "idem-conformance client --run {} {}   # this scenario alone, against a fresh fault server",
+            shell_quote(cmd),
+            args.join(" ")
+        ),
+        None => format!(
+            "re-run the check with ClientOptions {{ only: Some({:?}), seed: Some({seed}), .. }} ({})",
+            sc.id,
+            args.join(" ")
+        ),
+    }
 }
 
 /// The clauses no run can observe from the wire, and why.
@@ -548,21 +759,47 @@ pub const UNOBSERVABLE: &[(&str, &str)] = &[
     ),
 ];
 
-fn finish(report: &mut Report) {
+/// How many of the report's clause rows got a verdict, of how many.
+pub fn clauses_checked(report: &Report) -> (usize, usize) {
+    let checked = report
+        .clauses
+        .iter()
+        .filter(|c| c.verdict.is_some())
+        .count();
+    (checked, report.clauses.len())
+}
+
+fn finish(report: &mut Report, opts: &ClientOptions) {
     let cited: std::collections::BTreeSet<String> = report
         .cases
         .iter()
         .flat_map(|c| c.checks.iter().map(|k| k.clause.clone()))
         .collect();
+    report.summary.strict = opts.strict;
     idem_conformance_core::summary::finish_where(report, &[], &|c| {
         c.party == Party::Client || cited.contains(&c.id)
     });
     for row in &mut report.clauses {
-        if let Some((_, why)) = UNOBSERVABLE.iter().find(|(id, _)| *id == row.id)
-            && row.verdict.is_none()
-        {
-            row.unchecked = Some((*why).to_owned());
+        if row.verdict.is_some() {
+            continue;
         }
+        if let Some((_, why)) = UNOBSERVABLE.iter().find(|(id, _)| *id == row.id) {
+            row.unchecked = Some((*why).to_owned());
+        } else if !opts.keys.is_contracts() && row.id.starts_with("idem.key.") {
+            row.unchecked = Some(format!(
+                "the API reads its key from the {}, not the contract's Idempotency-Key header",
+                opts.keys.describe()
+            ));
+        }
+    }
+    // A partial run says so wherever its result is shown: a bare CONFORMS
+    // over a handful of clauses would claim more than was checked.
+    if let Some(only) = &opts.only {
+        let (checked, of) = clauses_checked(report);
+        report.target = format!(
+            "{} (partial run, --only {only}: {checked} of {of} client clauses checked)",
+            report.target
+        );
     }
 }
 
@@ -591,8 +828,41 @@ fn base_report(client: &dyn ClientUnderTest, seed: u64, started_unix_secs: u64) 
     }
 }
 
-/// One scenario's case: every run judged, the jitter test for the
-/// repeated scenario, every run's timeline as the narrative.
+/// The statistic a repeated scenario's runs feed, or why it could not
+/// judge.
+fn judge_repeated(
+    sc: &Scenario,
+    runs: &[&RunRecord],
+    want_runs: usize,
+) -> Result<Vec<idem_spec::report::CheckReport>, String> {
+    let delays: Vec<Duration> = runs.iter().filter_map(|r| judge::first_delay(r)).collect();
+    if sc.id == scenario::RESET_RUNS_ID {
+        let n = runs.len().max(scenario::RESET_RUNS);
+        return judge::judge_zero_backoff(&delays, n)
+            .map(|c| vec![c])
+            .ok_or_else(|| {
+                format!(
+                    "zero backoff not judged: only {} of {} runs resent after the reset (at least {} must)",
+                    delays.len(),
+                    runs.len(),
+                    (1..=scenario::RESET_RUNS)
+                        .find(|&n| judge::immediate_allowance(n) < n)
+                        .unwrap_or(scenario::RESET_RUNS)
+                )
+            });
+    }
+    judge::judge_jitter(&delays, runs.len().max(want_runs)).ok_or_else(|| {
+        format!(
+            "jitter not judged: only {} of {} runs retried the 503 (at least {} must)",
+            delays.len(),
+            runs.len(),
+            judge::JITTER_MIN_SAMPLES
+        )
+    })
+}
+
+/// One scenario's case: every run judged, the statistic of a repeated
+/// scenario, every run's timeline as the narrative.
 pub fn case_report(
     client: &dyn ClientUnderTest,
     sc: &Scenario,
@@ -613,21 +883,17 @@ pub fn case_report(
         } else {
             String::new()
         };
-        narrative.extend(r.timeline().into_iter().map(|l| format!("{prefix}{l}")));
+        narrative.extend(
+            r.timeline(&lim.keys)
+                .into_iter()
+                .map(|l| format!("{prefix}{l}")),
+        );
     }
     let mut reason = None;
     if sc.repeated {
-        let delays: Vec<Duration> = runs.iter().filter_map(|r| judge::first_delay(r)).collect();
-        match judge::judge_jitter(&delays, runs.len().max(want_runs)) {
-            Some(j) => checks.extend(j),
-            None => {
-                reason = Some(format!(
-                    "jitter not judged: only {} of {} runs retried the 503 (at least {} must)",
-                    delays.len(),
-                    runs.len(),
-                    judge::JITTER_MIN_SAMPLES
-                ));
-            }
+        match judge_repeated(sc, runs, want_runs) {
+            Ok(j) => checks.extend(j),
+            Err(why) => reason = Some(why),
         }
     }
     let mut verdict = judge::worst(&checks);
@@ -645,12 +911,6 @@ pub fn case_report(
     let mut reproduction = Vec::new();
     if verdict != Verdict::Pass {
         for r in runs.iter().take(1) {
-            if let Some(line) = client.reproduce(&r.base_url) {
-                reproduction.push(format!(
-                    "{line}   # against the kit's fault server for {}",
-                    sc.id
-                ));
-            }
             for (name, text) in [("stdout", &r.stdout), ("stderr", &r.stderr)] {
                 let t = text.trim();
                 if !t.is_empty() {

@@ -73,7 +73,9 @@ pub struct Scenario {
     pub title: &'static str,
     /// The answers in order; the last one repeats for every later attempt.
     pub script: Vec<Step>,
-    /// How many runs (the jitter scenario runs `--runs` times).
+    /// Whether it runs repeatedly, one run after another, for a statistic
+    /// over the runs: the jitter scenario runs `--runs` times,
+    /// [`RESET_RUNS_ID`] [`RESET_RUNS`] times.
     pub repeated: bool,
 }
 
@@ -98,6 +100,13 @@ impl Scenario {
 pub const PREFLIGHT: &str = "basics.success";
 /// The scenario run `--runs` times for the jitter test.
 pub const JITTER: &str = "backoff.jitter";
+/// The scenario run [`RESET_RUNS`] times for the zero-backoff test: a lost
+/// connection, then success; does the resend wait?
+pub const RESET_RUNS_ID: &str = "backoff.reset-runs";
+/// How many runs [`RESET_RUNS_ID`] makes, one after another.
+pub const RESET_RUNS: usize = 6;
+/// The scenario whose every attempt is reset.
+pub const RESET_FOREVER: &str = "limits.always-reset";
 
 /// Every scenario, in report order. `ra` is the `Retry-After` in seconds
 /// the hinted scenarios use (the seed picks 2 or 3).
@@ -119,6 +128,12 @@ pub fn all(ra: u64) -> Vec<Scenario> {
             id: JITTER,
             title: "503 then success, run repeatedly: is the first delay random?",
             script: vec![status(503), Success],
+            repeated: true,
+        },
+        Scenario {
+            id: RESET_RUNS_ID,
+            title: "request read, connection reset, then success, run repeatedly: does the resend wait?",
+            script: vec![ResetAfterRead, Success],
             repeated: true,
         },
         s("retry.502", "502 then success", vec![status(502), Success]),
@@ -206,6 +221,11 @@ pub fn all(ra: u64) -> Vec<Scenario> {
             vec![status(503)],
         ),
         s(
+            RESET_FOREVER,
+            "every attempt read and its connection reset: are resets counted against the cap?",
+            vec![ResetAfterRead],
+        ),
+        s(
             "limits.hang",
             "no attempt is ever answered: does the overall deadline hold?",
             vec![Hold],
@@ -230,5 +250,19 @@ mod tests {
         assert_eq!(jitter.step(0), status(503));
         assert_eq!(jitter.step(5), Step::Success);
         assert_eq!(all[0].id, PREFLIGHT, "the preflight runs first");
+        let forever = all
+            .iter()
+            .find(|s| s.id == RESET_FOREVER)
+            .expect("reset forever");
+        assert_eq!(forever.step(40), Step::ResetAfterRead);
+        let resets = all
+            .iter()
+            .find(|s| s.id == RESET_RUNS_ID)
+            .expect("reset runs");
+        assert!(resets.repeated);
+        assert_eq!(
+            (resets.step(0), resets.step(1)),
+            (Step::ResetAfterRead, Step::Success)
+        );
     }
 }

@@ -187,8 +187,8 @@ async fn serve(mut stream: TcpStream, st: Arc<State>, conn: u32) {
         let n = stream.peek(&mut peek).await.unwrap_or(0);
         let (method, path, headers) =
             parse_head(&peek[..n]).unwrap_or_else(|| ("?".to_owned(), "?".to_owned(), Vec::new()));
-        let _ = stream.set_zero_linger();
-        drop(stream);
+        // Recorded before the reset: a client that gives up on it at once
+        // must not finish before its attempt is on the record.
         st.push(Attempt {
             at,
             conn,
@@ -201,6 +201,8 @@ async fn serve(mut stream: TcpStream, st: Arc<State>, conn: u32) {
             client_gave_up: None,
             not_before: None,
         });
+        let _ = stream.set_zero_linger();
+        drop(stream);
         return;
     }
     let mut buf = Vec::new();
@@ -226,11 +228,13 @@ async fn serve(mut stream: TcpStream, st: Arc<State>, conn: u32) {
         };
         match step {
             Step::ResetBeforeRead | Step::ResetAfterRead => {
-                let _ = stream.set_zero_linger();
-                drop(stream);
+                // Every answer is recorded before it is given, so a client
+                // that finishes on it finds its attempt on the record.
                 attempt.answer = Answer::ResetAfterRead;
                 attempt.answered = Some(st.rel());
                 st.push(attempt);
+                let _ = stream.set_zero_linger();
+                drop(stream);
                 return;
             }
             Step::Hold => {
@@ -255,11 +259,11 @@ async fn serve(mut stream: TcpStream, st: Arc<State>, conn: u32) {
                     200
                 };
                 let body = st.setup.success_body.to_string();
-                let wrote =
-                    write_response(&mut stream, code, "application/json", None, &body).await;
                 attempt.answer = Answer::Success { code };
                 attempt.answered = Some(st.rel());
                 st.push(attempt);
+                let wrote =
+                    write_response(&mut stream, code, "application/json", None, &body).await;
                 if wrote.is_err() {
                     return;
                 }
@@ -277,6 +281,14 @@ async fn serve(mut stream: TcpStream, st: Arc<State>, conn: u32) {
                     }
                 };
                 let body = problem_body(code, problem);
+                attempt.answer = Answer::Status {
+                    code,
+                    retry_after: retry_after.clone(),
+                    problem,
+                };
+                attempt.answered = Some(st.rel());
+                attempt.not_before = not_before;
+                st.push(attempt);
                 let wrote = write_response(
                     &mut stream,
                     code,
@@ -285,14 +297,6 @@ async fn serve(mut stream: TcpStream, st: Arc<State>, conn: u32) {
                     &body,
                 )
                 .await;
-                attempt.answer = Answer::Status {
-                    code,
-                    retry_after,
-                    problem,
-                };
-                attempt.answered = Some(st.rel());
-                attempt.not_before = not_before;
-                st.push(attempt);
                 if wrote.is_err() {
                     return;
                 }
@@ -563,7 +567,10 @@ mod tests {
         let a = s.attempts();
         assert_eq!(a.len(), 2);
         assert_eq!(a[0].body, r#"{"a":1}"#);
-        assert_eq!(a[0].key().as_deref(), Some("k-1"));
+        assert_eq!(
+            crate::record::KeySource::default().key(&a[0]).as_deref(),
+            Some("k-1")
+        );
         assert_eq!((a[0].conn, a[1].conn), (1, 1));
         assert_eq!(a[1].answer, Answer::Success { code: 201 });
     }

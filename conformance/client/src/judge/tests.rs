@@ -2,8 +2,9 @@
 //! and must not produce.
 
 use super::*;
-use crate::record::Attempt;
+use crate::record::{Attempt, KeySource};
 use crate::scenario::{IN_FLIGHT_CODE, MISMATCH_CODE, all};
+use idem_spec::clauses::Class;
 
 fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
@@ -73,23 +74,84 @@ fn scenario(id: &str) -> Scenario {
 }
 
 fn verdict_of(checks: &[CheckReport], clause: &str) -> Option<(Verdict, Class)> {
+    // The worst verdict, and of equal verdicts the worst class.
     checks
         .iter()
         .filter(|c| c.clause == clause)
         .map(|c| (c.verdict, c.class))
-        .max_by_key(|(v, _)| *v)
+        .max_by_key(|(v, c)| (*v, *c))
 }
 
 const S: &str = "retry.502";
 const SUCCESS: Answer = Answer::Success { code: 201 };
 
+fn failed(code: i32) -> Exit {
+    Exit::Finished {
+        ok: false,
+        code: Some(code),
+    }
+}
+
+fn held(t: u64, key: Option<&str>, gave_up: Option<u64>) -> Attempt {
+    let mut a = att(t, key, Answer::Held);
+    a.answered = None;
+    a.client_gave_up = gave_up.map(ms);
+    a
+}
+
+fn with_header(mut a: Attempt, name: &str, value: &str) -> Attempt {
+    a.headers.push((name.to_owned(), value.to_owned()));
+    a
+}
+
+fn with_body(mut a: Attempt, body: &str) -> Attempt {
+    a.body = body.to_owned();
+    a
+}
+
+/// One row: what, the scenario, the record, the limits, and for each
+/// clause the expected worst (verdict, class), or `None`: no check made.
+type Row = (
+    &'static str,
+    &'static str,
+    RunRecord,
+    Limits,
+    Vec<(&'static str, Option<(Verdict, Class)>)>,
+);
+
+fn judged(table: Vec<Row>) {
+    for (what, sc, r, lim, want) in &table {
+        let checks = judge_run(&scenario(sc), r, lim);
+        for (clause, expected) in want {
+            assert_eq!(
+                verdict_of(&checks, clause),
+                *expected,
+                "{what}: {clause}\n{checks:#?}"
+            );
+        }
+        // Nothing but the expected failures fail.
+        for c in checks.iter().filter(|c| c.verdict != Verdict::Pass) {
+            assert!(
+                want.iter()
+                    .any(|(id, v)| *id == c.clause && v.is_some_and(|(v, _)| v == c.verdict)),
+                "{what}: unexpected {} {}\n{checks:#?}",
+                c.clause,
+                c.verdict
+            );
+        }
+    }
+}
+
+fn lim() -> Limits {
+    Limits::default()
+}
+
 #[test]
 fn verdicts_over_recorded_attempts() {
     use Verdict::{Fail, NonStrict, Pass};
     let k = Some("k-1");
-    // (what, scenario, record, expected (clause, verdict, class), clauses that must not fail)
-    #[allow(clippy::type_complexity)]
-    let table: Vec<(&str, &str, RunRecord, Vec<(&str, Verdict, Class)>)> = vec![
+    let (safety, semantics, interop) = (Class::Safety, Class::Semantics, Class::Interop);
+    let table: Vec<Row> = vec![
         (
             "same key on a retry of a 503",
             S,
@@ -98,10 +160,12 @@ fn verdicts_over_recorded_attempts() {
                 ok(),
                 310,
             ),
+            lim(),
             vec![
-                ("idem.client.same-key", Pass, Class::Safety),
-                ("idem.client.no-key-no-retry", Pass, Class::Safety),
-                ("idem.client.deadline", Pass, Class::Semantics),
+                ("idem.client.same-key", Some((Pass, safety))),
+                ("idem.client.no-key-no-retry", Some((Pass, safety))),
+                ("idem.client.deadline", Some((Pass, semantics))),
+                (EXIT_CHECK, Some((Pass, semantics))),
             ],
         ),
         (
@@ -112,7 +176,8 @@ fn verdicts_over_recorded_attempts() {
                 ok(),
                 310,
             ),
-            vec![("idem.client.same-key", Fail, Class::Safety)],
+            lim(),
+            vec![("idem.client.same-key", Some((Fail, safety)))],
         ),
         (
             "the key dropped on the retry",
@@ -122,9 +187,10 @@ fn verdicts_over_recorded_attempts() {
                 ok(),
                 310,
             ),
+            lim(),
             vec![
-                ("idem.client.same-key", Pass, Class::Safety),
-                ("idem.client.no-key-no-retry", Fail, Class::Safety),
+                ("idem.client.same-key", Some((Pass, safety))),
+                ("idem.client.no-key-no-retry", Some((Fail, safety))),
             ],
         ),
         (
@@ -138,7 +204,8 @@ fn verdicts_over_recorded_attempts() {
                 ok(),
                 210,
             ),
-            vec![("idem.client.no-key-no-retry", Fail, Class::Safety)],
+            lim(),
+            vec![("idem.client.no-key-no-retry", Some((Fail, safety)))],
         ),
         (
             "key-less retry of a 500",
@@ -148,9 +215,10 @@ fn verdicts_over_recorded_attempts() {
                 ok(),
                 210,
             ),
+            lim(),
             vec![
-                ("idem.client.500-with-key", Fail, Class::Safety),
-                ("idem.client.no-key-no-retry", Fail, Class::Safety),
+                ("idem.client.500-with-key", Some((Fail, safety))),
+                ("idem.client.no-key-no-retry", Some((Fail, safety))),
             ],
         ),
         (
@@ -161,19 +229,60 @@ fn verdicts_over_recorded_attempts() {
                 ok(),
                 210,
             ),
-            vec![("idem.client.500-with-key", Pass, Class::Safety)],
+            lim(),
+            vec![("idem.client.500-with-key", Some((Pass, safety)))],
         ),
         (
-            "a 400 retried, with the same key",
+            "a 400 retried with the same key: semantics, never a second effect",
             "final.400",
             rec(
                 vec![att(0, k, status(400)), att(200, k, SUCCESS)],
                 ok(),
                 210,
             ),
+            lim(),
             vec![
-                ("idem.client.allowlist", Fail, Class::Safety),
-                ("idem.client.same-key", Pass, Class::Safety),
+                ("idem.client.allowlist", Some((Fail, semantics))),
+                ("idem.client.same-key", Some((Pass, safety))),
+            ],
+        ),
+        (
+            "a 409 mismatch retried with the same key, as the Stripe SDKs do",
+            "final.409-mismatch",
+            rec(
+                vec![
+                    att(
+                        0,
+                        k,
+                        Answer::Status {
+                            code: 409,
+                            retry_after: None,
+                            problem: Some(MISMATCH_CODE),
+                        },
+                    ),
+                    att(700, k, SUCCESS),
+                ],
+                ok(),
+                710,
+            ),
+            lim(),
+            vec![
+                ("idem.client.allowlist", Some((Fail, semantics))),
+                ("idem.client.same-key", Some((Pass, safety))),
+            ],
+        ),
+        (
+            "a 400 retried with a fresh key: the fresh key is the safety finding",
+            "final.400",
+            rec(
+                vec![att(0, k, status(400)), att(200, Some("k-2"), SUCCESS)],
+                ok(),
+                210,
+            ),
+            lim(),
+            vec![
+                ("idem.client.allowlist", Some((Fail, semantics))),
+                ("idem.client.same-key", Some((Fail, safety))),
             ],
         ),
         (
@@ -189,13 +298,14 @@ fn verdicts_over_recorded_attempts() {
                         problem: Some(MISMATCH_CODE),
                     },
                 )],
-                Exit::Finished {
-                    ok: false,
-                    code: Some(1),
-                },
+                failed(1),
                 10,
             ),
-            vec![("idem.client.allowlist", Pass, Class::Safety)],
+            lim(),
+            vec![
+                ("idem.client.allowlist", Some((Pass, semantics))),
+                (EXIT_CHECK, Some((Pass, semantics))),
+            ],
         ),
         (
             "Retry-After: 2 undercut by 150 ms",
@@ -208,7 +318,8 @@ fn verdicts_over_recorded_attempts() {
                 ok(),
                 1860,
             ),
-            vec![("idem.client.retry-after", Fail, Class::Semantics)],
+            lim(),
+            vec![("idem.client.retry-after", Some((Fail, semantics)))],
         ),
         (
             "Retry-After: 2 met within the 100 ms tolerance",
@@ -221,7 +332,22 @@ fn verdicts_over_recorded_attempts() {
                 ok(),
                 1960,
             ),
-            vec![("idem.client.retry-after", Pass, Class::Semantics)],
+            lim(),
+            vec![("idem.client.retry-after", Some((Pass, semantics)))],
+        ),
+        (
+            "a hint and no retry at all: retry-after not applicable",
+            "retry-after.503-seconds",
+            rec(
+                vec![hinted(att(0, k, status(503)), "2", 2000)],
+                failed(22),
+                20,
+            ),
+            lim(),
+            vec![
+                ("idem.client.retry-after", None),
+                (EXIT_CHECK, Some((Pass, semantics))),
+            ],
         ),
         (
             "an HTTP date within its one-second resolution",
@@ -238,7 +364,8 @@ fn verdicts_over_recorded_attempts() {
                 ok(),
                 2510,
             ),
-            vec![("idem.client.retry-after", Pass, Class::Semantics)],
+            lim(),
+            vec![("idem.client.retry-after", Some((Pass, semantics)))],
         ),
         (
             "an HTTP date ignored",
@@ -255,32 +382,99 @@ fn verdicts_over_recorded_attempts() {
                 ok(),
                 310,
             ),
-            vec![("idem.client.retry-after", Fail, Class::Semantics)],
+            lim(),
+            vec![("idem.client.retry-after", Some((Fail, semantics)))],
         ),
         (
-            "a hint past the deadline: stopped at once",
+            "a hint past the deadline: a retrier stopped at once",
             "retry-after.past-deadline",
             rec(
                 vec![hinted(att(0, k, status(503)), "60", 60_000)],
-                Exit::Finished {
-                    ok: false,
-                    code: Some(1),
-                },
+                failed(1),
                 400,
             ),
-            vec![("idem.client.retry-after", Pass, Class::Semantics)],
+            lim(),
+            vec![("idem.client.retry-after", Some((Pass, semantics)))],
         ),
         (
-            "a hint past the deadline: waited for it until killed",
+            "a hint past the deadline: a client that never retries proves nothing by stopping",
+            "retry-after.past-deadline",
+            rec(
+                vec![hinted(att(0, k, status(503)), "60", 60_000)],
+                failed(22),
+                40,
+            ),
+            Limits {
+                retrier: false,
+                ..lim()
+            },
+            vec![("idem.client.retry-after", None)],
+        ),
+        (
+            "a hint past the deadline honoured in full, killed at the bound: the deadline's finding, once",
             "retry-after.past-deadline",
             rec(
                 vec![hinted(att(0, k, status(503)), "60", 60_000)],
                 Exit::Killed(Kill::PastDeadline),
                 37_500,
             ),
+            lim(),
             vec![
-                ("idem.client.retry-after", Fail, Class::Semantics),
-                ("idem.client.deadline", Fail, Class::Semantics),
+                ("idem.client.retry-after", None),
+                ("idem.client.deadline", Some((Fail, semantics))),
+                (EXIT_CHECK, None),
+            ],
+        ),
+        (
+            "a hint past the deadline: waited 10 s, then gave up within the deadline",
+            "retry-after.past-deadline",
+            rec(
+                vec![hinted(att(0, k, status(503)), "60", 60_000)],
+                failed(1),
+                10_400,
+            ),
+            lim(),
+            vec![
+                ("idem.client.retry-after", Some((Fail, semantics))),
+                ("idem.client.deadline", Some((Pass, semantics))),
+            ],
+        ),
+        (
+            "a hint past the deadline undercut by a retry",
+            "retry-after.past-deadline",
+            rec(
+                vec![
+                    hinted(att(0, k, status(503)), "60", 60_000),
+                    att(800, k, SUCCESS),
+                ],
+                ok(),
+                810,
+            ),
+            lim(),
+            vec![("idem.client.retry-after", Some((Fail, semantics)))],
+        ),
+        (
+            "a date hint past a short deadline waited out, retried past the deadline: counted once",
+            "retry-after.429-date",
+            rec(
+                vec![
+                    hinted(
+                        att(0, k, status(429)),
+                        "Wed, 02 Dec 2026 10:00:04 GMT",
+                        4000,
+                    ),
+                    att(4004, k, SUCCESS),
+                ],
+                ok(),
+                4020,
+            ),
+            Limits {
+                deadline: Duration::from_secs(3),
+                ..lim()
+            },
+            vec![
+                ("idem.client.retry-after", None),
+                ("idem.client.deadline", Some((Fail, semantics))),
             ],
         ),
         (
@@ -288,43 +482,129 @@ fn verdicts_over_recorded_attempts() {
             "limits.hang",
             rec(
                 vec![
-                    att(0, k, Answer::Held),
-                    att(10_300, k, Answer::Held),
-                    att(21_000, k, Answer::Held),
+                    held(0, k, Some(10_000)),
+                    held(10_300, k, Some(20_300)),
+                    held(21_000, k, Some(30_000)),
                 ],
-                Exit::Finished {
-                    ok: false,
-                    code: Some(1),
-                },
+                failed(1),
                 31_200,
             ),
+            lim(),
             vec![
-                ("idem.client.deadline", Pass, Class::Semantics),
-                ("idem.client.max-attempts", Pass, Class::Semantics),
+                ("idem.client.deadline", Some((Pass, semantics))),
+                ("idem.client.max-attempts", Some((Pass, semantics))),
             ],
         ),
         (
             "the deadline reset per attempt",
             "limits.hang",
             rec(
-                vec![att(0, k, Answer::Held), att(30_300, k, Answer::Held)],
+                vec![held(0, k, Some(30_000)), held(30_300, k, None)],
                 Exit::Killed(Kill::PastDeadline),
                 37_500,
             ),
-            vec![("idem.client.deadline", Fail, Class::Semantics)],
+            lim(),
+            vec![("idem.client.deadline", Some((Fail, semantics)))],
+        ),
+        (
+            "no deadline: three 11 s attempts, ended 0.3 s under the kill bound",
+            "limits.hang",
+            rec(
+                vec![
+                    held(0, k, Some(11_000)),
+                    held(11_200, k, Some(22_200)),
+                    held(22_900, k, Some(33_900)),
+                ],
+                failed(1),
+                34_700,
+            ),
+            lim(),
+            vec![
+                ("idem.client.deadline", Some((Fail, semantics))),
+                ("idem.client.max-attempts", Some((Pass, semantics))),
+            ],
+        ),
+        (
+            "an attempt sent after the deadline, the run short of any bound",
+            "limits.always-503",
+            rec(
+                vec![
+                    att(0, k, status(503)),
+                    att(29_000, k, status(503)),
+                    att(31_800, k, status(503)),
+                ],
+                failed(1),
+                31_850,
+            ),
+            lim(),
+            vec![
+                ("idem.client.deadline", Some((Fail, semantics))),
+                ("idem.client.max-attempts", Some((Pass, semantics))),
+            ],
+        ),
+        (
+            "a sleep past the deadline, then giving up",
+            "limits.always-503",
+            rec(
+                vec![att(0, k, status(503)), att(20_000, k, status(503))],
+                failed(1),
+                33_000,
+            ),
+            lim(),
+            vec![("idem.client.deadline", Some((Fail, semantics)))],
         ),
         (
             "four attempts at an always-503",
             "limits.always-503",
             rec(
                 (0..4).map(|i| att(i * 500, k, status(503))).collect(),
-                Exit::Finished {
-                    ok: false,
-                    code: Some(1),
-                },
+                failed(1),
                 1600,
             ),
-            vec![("idem.client.max-attempts", NonStrict, Class::Semantics)],
+            lim(),
+            vec![("idem.client.max-attempts", Some((NonStrict, semantics)))],
+        ),
+        (
+            "resets never counted: resent until the deadline",
+            scenario::RESET_FOREVER,
+            rec(
+                (0..9)
+                    .map(|i| att(i * 3_000, k, Answer::ResetAfterRead))
+                    .collect(),
+                failed(1),
+                30_500,
+            ),
+            lim(),
+            vec![
+                ("idem.client.max-attempts", Some((NonStrict, semantics))),
+                ("idem.client.deadline", Some((Pass, semantics))),
+            ],
+        ),
+        (
+            "resets counted: three attempts",
+            scenario::RESET_FOREVER,
+            rec(
+                (0..3)
+                    .map(|i| att(i * 400, k, Answer::ResetAfterRead))
+                    .collect(),
+                failed(1),
+                900,
+            ),
+            lim(),
+            vec![("idem.client.max-attempts", Some((Pass, semantics)))],
+        ),
+        (
+            "resets resent past the kit's request ceiling",
+            scenario::RESET_FOREVER,
+            rec(
+                (0..16)
+                    .map(|i| att(i * 10, k, Answer::ResetAfterRead))
+                    .collect(),
+                Exit::Killed(Kill::TooManyAttempts),
+                170,
+            ),
+            lim(),
+            vec![("idem.client.max-attempts", Some((NonStrict, semantics)))],
         ),
         (
             "409s in flight go uncounted",
@@ -356,50 +636,195 @@ fn verdicts_over_recorded_attempts() {
                 ok(),
                 3010,
             ),
-            vec![("idem.client.max-attempts", Pass, Class::Semantics)],
+            lim(),
+            vec![("idem.client.max-attempts", Some((Pass, semantics)))],
         ),
         (
             "no key on the plain success",
             scenario::PREFLIGHT,
             rec(vec![att(0, None, SUCCESS)], ok(), 10),
-            vec![("idem.client.auto-key", NonStrict, Class::Safety)],
+            lim(),
+            vec![("idem.client.auto-key", Some((NonStrict, safety)))],
         ),
         (
             "a quoted key is one key",
             scenario::PREFLIGHT,
             rec(vec![att(0, Some("\"order-42\""), SUCCESS)], ok(), 10),
+            lim(),
             vec![
-                ("idem.key.syntax", Pass, Class::Interop),
-                ("idem.client.auto-key", Pass, Class::Safety),
+                ("idem.key.syntax", Some((Pass, interop))),
+                ("idem.client.auto-key", Some((Pass, safety))),
             ],
         ),
         (
             "a key of 256 characters",
             scenario::PREFLIGHT,
             rec(vec![att(0, Some(&"k".repeat(256)), SUCCESS)], ok(), 10),
-            vec![("idem.key.syntax", Fail, Class::Interop)],
+            lim(),
+            vec![("idem.key.syntax", Some((Fail, interop)))],
+        ),
+        (
+            "a 201 and then exit 1: the caller is told it failed",
+            scenario::PREFLIGHT,
+            rec(vec![att(0, k, SUCCESS)], failed(1), 10),
+            lim(),
+            vec![(EXIT_CHECK, Some((Fail, semantics)))],
+        ),
+        (
+            "a final 400 and then exit 0: the caller is told it succeeded",
+            "final.400",
+            rec(vec![att(0, k, status(400))], ok(), 10),
+            lim(),
+            vec![
+                (EXIT_CHECK, Some((Fail, semantics))),
+                ("idem.client.allowlist", Some((Pass, semantics))),
+            ],
+        ),
+        (
+            "a closure that got its 201 and returned false",
+            S,
+            rec(
+                vec![att(0, k, status(503)), att(300, k, SUCCESS)],
+                Exit::Finished {
+                    ok: false,
+                    code: None,
+                },
+                310,
+            ),
+            lim(),
+            vec![(EXIT_CHECK, Some((Fail, semantics)))],
         ),
     ];
-    for (what, sc, r, want) in &table {
-        let checks = judge_run(&scenario(sc), r, &Limits::default());
-        for (clause, verdict, class) in want {
-            assert_eq!(
-                verdict_of(&checks, clause),
-                Some((*verdict, *class)),
-                "{what}: {clause}\n{checks:#?}"
-            );
-        }
-        // Nothing but the expected failures fail.
-        for c in checks.iter().filter(|c| c.verdict != Pass) {
-            assert!(
-                want.iter()
-                    .any(|(id, v, _)| *id == c.clause && *v == c.verdict),
-                "{what}: unexpected {} {}",
-                c.clause,
-                c.verdict
-            );
-        }
+    judged(table);
+}
+
+#[test]
+fn keys_are_read_where_the_api_reads_them_and_a_tracing_id_is_never_one() {
+    use Verdict::{Fail, Pass};
+    let body_key = |t, key: &str, answer| {
+        with_body(
+            att(t, None, answer),
+            &format!(r#"{{"amount":1000,"idempotency_key":"{key}"}}"#),
+        )
+    };
+    let in_body = Limits {
+        keys: KeySource::new(None, Some("/idempotency_key")).expect("a pointer"),
+        ..lim()
+    };
+    let custom_header = Limits {
+        keys: KeySource::new(Some("X-Idempotency-Key"), None).expect("a header"),
+        ..lim()
+    };
+    let tracing = |t, answer| with_header(att(t, None, answer), "x-ms-client-request-id", "t-1");
+    let table: Vec<Row> = vec![
+        (
+            "a key in the body, the same on the retry",
+            S,
+            rec(
+                vec![
+                    body_key(0, "b-1", status(503)),
+                    body_key(300, "b-1", SUCCESS),
+                ],
+                ok(),
+                310,
+            ),
+            in_body.clone(),
+            vec![
+                ("idem.client.same-key", Some((Pass, Class::Safety))),
+                ("idem.client.no-key-no-retry", Some((Pass, Class::Safety))),
+                // The key's header clauses are the contract's header's.
+                ("idem.key.header", None),
+                ("idem.key.syntax", None),
+            ],
+        ),
+        (
+            "a key in the body, fresh on the retry",
+            S,
+            rec(
+                vec![
+                    body_key(0, "b-1", status(503)),
+                    body_key(300, "b-2", SUCCESS),
+                ],
+                ok(),
+                310,
+            ),
+            in_body.clone(),
+            vec![("idem.client.same-key", Some((Fail, Class::Safety)))],
+        ),
+        (
+            "the key pointer given, but no key in the body",
+            "retry.reset-after-read",
+            rec(
+                vec![
+                    att(0, Some("hdr"), Answer::ResetAfterRead),
+                    att(300, Some("hdr"), SUCCESS),
+                ],
+                ok(),
+                310,
+            ),
+            in_body,
+            vec![("idem.client.no-key-no-retry", Some((Fail, Class::Safety)))],
+        ),
+        (
+            "a key in a vendor header the kit was told about",
+            S,
+            rec(
+                vec![
+                    with_header(att(0, None, status(503)), "X-Idempotency-Key", "v-1"),
+                    with_header(att(300, None, SUCCESS), "X-Idempotency-Key", "v-1"),
+                ],
+                ok(),
+                310,
+            ),
+            custom_header,
+            vec![
+                ("idem.client.same-key", Some((Pass, Class::Safety))),
+                ("idem.key.header", None),
+            ],
+        ),
+        (
+            "a tracing id resent unchanged is no key",
+            "retry.reset-after-read",
+            rec(
+                vec![tracing(0, Answer::ResetAfterRead), tracing(300, SUCCESS)],
+                ok(),
+                310,
+            ),
+            lim(),
+            vec![
+                ("idem.client.no-key-no-retry", Some((Fail, Class::Safety))),
+                ("idem.client.same-key", None),
+            ],
+        ),
+    ];
+    judged(table);
+    // The finding says why the tracing id did not count.
+    let r = rec(
+        vec![tracing(0, Answer::ResetAfterRead), tracing(300, SUCCESS)],
+        ok(),
+        310,
+    );
+    let checks = judge_run(&scenario("retry.reset-after-read"), &r, &lim());
+    let c = checks
+        .iter()
+        .find(|c| c.clause == "idem.client.no-key-no-retry")
+        .expect("judged");
+    assert!(
+        c.observed.contains("x-ms-client-request-id"),
+        "{}",
+        c.observed
+    );
+    assert_eq!(resent_tracing_ids(&r), ["x-ms-client-request-id"]);
+    // And the kit refuses to be told a tracing header carries keys.
+    for name in [
+        "x-ms-client-request-id",
+        "amz-sdk-invocation-id",
+        "Traceparent",
+    ] {
+        assert!(KeySource::new(Some(name), None).is_err(), "{name}");
     }
+    assert!(KeySource::new(None, Some("idempotency_key")).is_err());
+    assert!(KeySource::new(Some("Idempotency-Key"), None).is_ok_and(|k| k.is_contracts()));
 }
 
 #[test]
@@ -409,7 +834,7 @@ fn header_spelling_is_case_insensitive_but_the_name_is_not_negotiable() {
     lower
         .headers
         .push(("idempotency-key".to_owned(), "k".to_owned()));
-    let checks = judge_run(&sc, &rec(vec![lower], ok(), 10), &Limits::default());
+    let checks = judge_run(&sc, &rec(vec![lower], ok(), 10), &lim());
     assert_eq!(
         verdict_of(&checks, "idem.key.header"),
         Some((Verdict::Pass, Class::Interop))
@@ -475,49 +900,147 @@ fn judged_constant(delays: &[Duration]) -> bool {
     checks.iter().all(|c| c.verdict == Verdict::NonStrict)
 }
 
+/// How often `draw` (12 first delays) is judged constant in `trials`.
+fn alarms(trials: usize, rng: &mut Rng, draw: impl Fn(&mut Rng) -> Duration) -> usize {
+    (0..trials)
+        .filter(|_| {
+            let d: Vec<Duration> = (0..12).map(|_| draw(rng)).collect();
+            judged_constant(&d)
+        })
+        .count()
+}
+
 #[test]
-fn the_jitter_test_false_alarm_rate_matches_its_formula() {
-    // At the contract's defaults the stated rate is tiny.
-    let stated = false_alarm_rate(12, JITTER_THRESHOLD, FIRST_CEILING);
-    assert!((stated - 6.22e-5).abs() < 1e-6, "{stated}");
-    // Without trimming the formula would be n r^(n-1) - (n-1) r^n; with
-    // it, P(Binomial(n, r) >= n - 3). Spot-check n = 8, r = 0.2.
-    let p8 = false_alarm_rate(8, JITTER_THRESHOLD, ms(500));
+fn the_jitter_test_false_alarm_rates_match_their_formula() {
+    // The stated rates at 12 runs: full jitter under the 500 ms first
+    // ceiling, and jitter over only 75 to 100 % of it (125 ms wide).
+    let full = false_alarm_rate(12, JITTER_THRESHOLD, FIRST_CEILING);
+    assert!((full - 3.74e-10).abs() < 1e-12, "{full}");
+    let narrow = false_alarm_rate(12, JITTER_THRESHOLD, NARROW_JITTER_WIDTH);
+    assert!((narrow - 6.22e-5).abs() < 1e-7, "{narrow}");
+    // The formula is P(Binomial(n, r) >= n - 3); spot-check n = 8, r = 0.2.
+    let p8 = false_alarm_rate(8, ms(100), ms(500));
     assert!((p8 - 0.010_406).abs() < 1e-5, "{p8}");
     let mut rng = Rng(23);
     const TRIALS: usize = 20_000;
-    let alarms = (0..TRIALS)
-        .filter(|_| {
-            let d: Vec<Duration> = (0..12).map(|_| rng.uniform(FIRST_CEILING)).collect();
-            judged_constant(&d)
-        })
-        .count();
-    // Expected 1.2 of 20,000; 10 is far in the tail.
-    assert!(alarms <= 10, "{alarms} false alarms in {TRIALS}");
-    // Where false alarms are common (a 150 ms ceiling), the simulation
+    // Full jitter: expected 7e-6 false alarms in 20,000 runs of the kit.
+    let a = alarms(TRIALS, &mut rng, |r| r.uniform(FIRST_CEILING));
+    assert_eq!(a, 0, "{a} false alarms for full jitter in {TRIALS}");
+    // Narrow jitter (the issue's client that flipped between seeds):
+    // expected 1.2 in 20,000; 10 is far in the tail.
+    let a = alarms(TRIALS, &mut rng, |r| {
+        ms(375) + r.uniform(NARROW_JITTER_WIDTH)
+    });
+    assert!(a <= 10, "{a} false alarms for narrow jitter in {TRIALS}");
+    // Where false alarms are common (a draw 60 ms wide), the simulation
     // agrees with the formula: the formula is what the report states.
-    let ceiling = ms(200);
-    let p = false_alarm_rate(12, JITTER_THRESHOLD, ceiling);
-    assert!(p > 0.05, "{p}: a rate the simulation can measure");
-    let alarms = (0..TRIALS)
-        .filter(|_| {
-            let d: Vec<Duration> = (0..12).map(|_| rng.uniform(ceiling)).collect();
-            judged_constant(&d)
-        })
-        .count();
-    let measured = alarms as f64 / TRIALS as f64;
+    let width = ms(60);
+    let p = false_alarm_rate(12, JITTER_THRESHOLD, width);
+    assert!(p > 0.01, "{p}: a rate the simulation can measure");
+    let a = alarms(TRIALS, &mut rng, |r| ms(400) + r.uniform(width));
+    let measured = a as f64 / TRIALS as f64;
     assert!(
-        (measured - p).abs() < 0.015,
+        (measured - p).abs() < 0.005,
         "formula {p:.4}, simulated {measured:.4}"
     );
+}
+
+#[test]
+fn narrow_jitter_passes_on_every_seed() {
+    // The issue's flake: a client jittering over 75 to 100 % of the ceiling
+    // passed about one time in five. Each seed is one run of the kit.
+    for seed in 0..200 {
+        let mut rng = Rng(seed);
+        let d: Vec<Duration> = (0..12)
+            .map(|_| ms(375) + rng.uniform(NARROW_JITTER_WIDTH))
+            .collect();
+        assert!(!judged_constant(&d), "seed {seed}: {d:?}");
+    }
 }
 
 #[test]
 fn a_constant_delay_with_scheduling_noise_is_caught() {
     let mut rng = Rng(7);
     for _ in 0..1000 {
-        let d: Vec<Duration> = (0..8).map(|_| ms(500) + rng.uniform(ms(60))).collect();
+        // 500 ms plus up to 15 ms of noise, and two runs a loaded machine
+        // delayed by up to 300 ms: the two the test sets aside.
+        let mut d: Vec<Duration> = (0..12).map(|_| ms(500) + rng.uniform(ms(15))).collect();
+        d[3] += rng.uniform(ms(300));
+        d[8] += rng.uniform(ms(300));
         assert!(judged_constant(&d), "{d:?}");
     }
     assert!(judge_jitter(&[ms(1), ms(2), ms(3)], 8).is_none(), "too few");
+}
+
+#[test]
+fn the_jitter_finding_reports_the_spread_it_saw() {
+    let d: Vec<Duration> = (0..12).map(|i| ms(480 + i)).collect();
+    let checks = judge_jitter(&d, 12).expect("judged");
+    let c = &checks[0];
+    assert_eq!(c.verdict, Verdict::NonStrict);
+    assert!(
+        c.observed.contains("0.009 s (0.480 s to 0.489 s)"),
+        "{}",
+        c.observed
+    );
+    assert!(!c.headline.as_deref().unwrap_or("").contains("same delay"));
+    // Delays that differ by more than the threshold are never "the same".
+    let d: Vec<Duration> = (0..12).map(|i| ms(380 + 10 * i)).collect();
+    assert!(!judged_constant(&d), "spread 0.09 s");
+}
+
+#[test]
+fn the_zero_backoff_allowance_and_its_false_alarm_rate() {
+    // (resends, the most immediate ones a conforming client may make, the
+    // false-alarm rate of flagging more): the largest k with
+    // P(Binomial(n, 0.1) > k) <= 1e-4.
+    let table: &[(usize, usize, f64)] = &[
+        (1, 1, 0.0),
+        (3, 3, 0.0),
+        (4, 3, 1.0e-4),
+        (5, 4, 1.0e-5),
+        (6, 4, 5.5e-5),
+        (8, 5, 2.341e-5),
+        (12, 6, 5.018e-5),
+    ];
+    for &(n, k, rate) in table {
+        assert_eq!(immediate_allowance(n), k, "n = {n}");
+        let got = zero_backoff_false_alarm(n, k);
+        assert!((got - rate).abs() < 1e-8, "n = {n}: {got}");
+        assert!(got <= ZERO_BACKOFF_MAX_FALSE_ALARM * 1.000_001);
+        if k < n {
+            // k is the largest: one fewer would alarm too often.
+            assert!(zero_backoff_false_alarm(n, k - 1) > ZERO_BACKOFF_MAX_FALSE_ALARM);
+        }
+    }
+    assert_eq!(scenario::RESET_RUNS, 6);
+}
+
+#[test]
+fn zero_backoff_after_a_reset_is_found_and_full_jitter_is_not_flagged() {
+    // Resends after a reset at once (1 to 6 ms to reconnect), one delayed by
+    // a loaded machine: still found.
+    let at_once = [ms(2), ms(1), ms(6), ms(3), ms(140), ms(2)];
+    let c = judge_zero_backoff(&at_once, 6).expect("judged");
+    assert_eq!((c.verdict, c.class), (Verdict::NonStrict, Class::Semantics));
+    assert_eq!(c.clause, "idem.client.backoff-jitter");
+    // Four immediate of six: within the allowance.
+    let four = [ms(2), ms(1), ms(6), ms(3), ms(140), ms(300)];
+    assert_eq!(
+        judge_zero_backoff(&four, 6).expect("judged").verdict,
+        Verdict::Pass
+    );
+    // Too few resends to judge.
+    assert!(judge_zero_backoff(&[ms(1), ms(1), ms(1)], 6).is_none());
+    // Full jitter under the 500 ms ceiling, simulated: expected 5.5e-5 per
+    // run of the kit, so 100,000 runs see about 5.5 false alarms.
+    let mut rng = Rng(99);
+    const TRIALS: usize = 100_000;
+    let alarms = (0..TRIALS)
+        .filter(|_| {
+            let d: Vec<Duration> = (0..6).map(|_| rng.uniform(FIRST_CEILING)).collect();
+            judge_zero_backoff(&d, 6).expect("judged").verdict != Verdict::Pass
+        })
+        .count();
+    assert!(alarms <= 20, "{alarms} false alarms in {TRIALS}");
 }
