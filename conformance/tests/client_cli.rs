@@ -156,7 +156,7 @@ fn exit_check<'a>(r: &'a serde_json::Value, case: &str) -> Option<&'a serde_json
     r["cases"].as_array()?.iter().find(|c| c["id"] == case)?["checks"]
         .as_array()?
         .iter()
-        .find(|k| k["clause"] == "kit.command-exit")
+        .find(|k| k["clause"] == "idem.client.outcome")
 }
 
 #[test]
@@ -180,6 +180,7 @@ fn help_lists_the_exit_codes_and_a_success_body_example() {
     }
 }
 
+// clause: idem.client.outcome
 #[test]
 fn a_command_that_exits_1_after_its_201_deviates() {
     let cmd = format!("{KEYED}; exit 1");

@@ -16,19 +16,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idem_client_zoo::{Severity, ZooClient, call};
-use idem_conformance::client::judge::EXIT_CHECK;
 use idem_conformance::client::{ClientOptions, ClientUnderTest, KeySource};
 use idem_spec::clauses::{Class, Level};
 use idem_spec::report::{Outcome, Report, Verdict};
 
-/// What the kit must find in a client: the clause (or the kit's exit-code
-/// check) and its class; `None` for a client with no defect.
+/// What the kit must find in a client: the clause and its class; `None`
+/// for a client with no defect.
 fn expected(c: ZooClient) -> Option<(&'static str, Class)> {
     let class = match c.severity()? {
         Severity::Safety => Class::Safety,
         Severity::Semantics => Class::Semantics,
     };
-    Some((c.defect().unwrap_or(EXIT_CHECK), class))
+    Some((c.defect()?, class))
 }
 
 /// The exit code the defect leads to: a broken MUST decides by class, a

@@ -213,6 +213,9 @@ pub const CLASSES: &[(&str, Class)] = {
         ("idem.client.max-attempts", Semantics),
         ("idem.client.budget", Semantics),
         ("idem.client.observability", Interop),
+        // Misreporting the outcome misleads the caller, not the server:
+        // nothing takes effect twice because of it.
+        ("idem.client.outcome", Semantics),
         // Multi-step requests: a repeated phase or foreign call is a
         // second effect.
         ("idem.multistep.phases", Safety),

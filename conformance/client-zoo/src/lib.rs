@@ -159,20 +159,16 @@ impl ZooClient {
         }
     }
 
-    /// The client clause this client violates (`None` when it violates none, or, for
-    /// `exits-1-after-success` alone, when no clause of the contract names its defect yet:
-    /// see [`ZooClient::severity`]): what the kit must find.
+    /// The client clause this client violates (`None` when it violates none): what the kit
+    /// must find.
     pub fn defect(&self) -> Option<&'static str> {
         match self {
             ZooClient::Conforming
             | ZooClient::NarrowJitter
             | ZooClient::KeyInBody
             | ZooClient::SlowStart => None,
-            // Its defect is the command's exit code disagreeing with the answer it got. No
-            // client clause says that (`idem.client.observability` is about seeing retries:
-            // attempt, reason, delay, budget), so the kit finds it under its own check of the
-            // exit code, and `severity()` still says it is a defect.
-            ZooClient::ExitsOneAfterSuccess => None,
+            // Its defect is the command's exit code disagreeing with the answer it got.
+            ZooClient::ExitsOneAfterSuccess => Some("idem.client.outcome"),
             ZooClient::NoJitter => Some("idem.client.no-unjittered-backoff"),
             ZooClient::FreshKeyPerAttempt => Some("idem.client.same-key"),
             ZooClient::Retries400 | ZooClient::Retries409 => Some("idem.client.allowlist"),

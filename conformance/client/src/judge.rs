@@ -80,10 +80,9 @@ pub const RESEND_WAIT_P: f64 = 0.9;
 /// conforming client.
 pub const ZERO_BACKOFF_MAX_FALSE_ALARM: f64 = 1e-4;
 
-/// The kit's own check that the command's exit code agrees with its final
-/// answer. It is not a contract clause (none says it yet), so it is named
-/// outside the `idem.` namespace, and no clause matrix row holds it.
-pub const EXIT_CHECK: &str = "kit.command-exit";
+/// The clause the command's exit code is checked against: its caller must
+/// be handed the final answer as it is.
+pub const EXIT_CHECK: &str = "idem.client.outcome";
 
 /// What every verdict is measured against.
 #[derive(Debug, Clone)]
@@ -665,18 +664,13 @@ pub fn judge_exit(r: &RunRecord) -> Option<CheckReport> {
                     .to_owned(),
         }
     );
-    // Not a contract clause: built here, with the level the kit needs and
-    // the severity rule's class, as the core would for a clause.
-    let level = Level::Must;
-    Some(CheckReport {
-        clause: EXIT_CHECK.to_owned(),
-        level,
-        class: Consequence::Behaviour.class(),
-        verdict: verdict::of(pass, level),
-        permitted: "the command exits 0 iff its final answer was a 2xx".to_owned(),
+    Some(verdict::check_as(
+        clause!("idem.client.outcome"),
+        Consequence::Behaviour,
+        pass,
+        "the command exits 0 iff its final answer was a 2xx",
         observed,
-        headline: None,
-    })
+    ))
 }
 
 /// P(Binomial(n, p) >= k).
