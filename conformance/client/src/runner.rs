@@ -785,7 +785,7 @@ fn finish(report: &mut Report, opts: &ClientOptions) {
         }
         if let Some((_, why)) = UNOBSERVABLE.iter().find(|(id, _)| *id == row.id) {
             row.unchecked = Some((*why).to_owned());
-        } else if !opts.keys.is_contracts() && row.id.starts_with("idem.key.") {
+        } else if !opts.keys.is_contracts() && row.id.split('.').nth(1) == Some("key") {
             row.unchecked = Some(format!(
                 "the API reads its key from the {}, not the contract's Idempotency-Key header",
                 opts.keys.describe()
