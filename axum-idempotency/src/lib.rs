@@ -194,10 +194,11 @@ pub use error::{Error, Result, StoreFault};
 pub use idem_spec::{Fingerprint, IdempotencyKey, RecoveryPoint};
 pub use key::{Caller, Fence, KeyId};
 pub use layer::{IdemTx, IdempotencyLayer, IdempotencyService};
+#[cfg(feature = "mysql")]
+pub use store::MySqlStore;
 #[cfg(feature = "postgres")]
 pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
-#[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub use store::Store;
 pub use store::StoreOptions;

@@ -373,6 +373,8 @@ pub mod edge {
                     .begin()
                     .await
                     .map(|tx| DbTx::Postgres(PgTx::from_transaction(tx))),
+                // The flawed variants run on SQLite and PostgreSQL only.
+                _ => return StatusCode::INTERNAL_SERVER_ERROR.into_response_body(),
             };
             let Ok(tx) = tx else {
                 return StatusCode::INTERNAL_SERVER_ERROR.into_response_body();

@@ -33,7 +33,7 @@ use std::process::Stdio;
 use std::sync::{Mutex, OnceLock};
 
 pub use child::{ChildServer, READY_PREFIX, SpawnError};
-pub use db::{Backend, TestDb};
+pub use db::{Backend, MYSQL_URL_ENV, TestDb, mysql_url_with_database};
 pub use pg::PgCluster;
 
 /// The variable `.ci/run` exports (`IDEM_CI=1`): with it, or with the
