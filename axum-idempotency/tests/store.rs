@@ -876,3 +876,97 @@ async fn single_tx(s: &Store, req: &ClaimRequest<'_>) -> DbTx {
         other => panic!("expected a transaction, got {other:?}"),
     }
 }
+
+// clause: idem.inflight.conflict, idem.claim.atomic
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_duplicate_is_in_flight_at_once_and_the_holder_commits() {
+    // MySQL's claim is an uncommitted insert of the in-flight row. A
+    // duplicate's observation probes that row with FOR UPDATE NOWAIT and is
+    // told "in flight" without waiting out the 1 s lock wait; a duplicate
+    // claim (single-phase or multi-step) is Busy, never an error; another
+    // key is not held by it (no gap lock); and the holder's final write and
+    // commit never fail because of the duplicates.
+    let Some(db) = TestDb::new(Backend::MySql, "store-mysql-busy").await else {
+        return;
+    };
+    let s = store(&db).await;
+    let kid = id("alice", "k");
+    let (fingerprint, request) = (fp("fp"), request());
+    let req = claim_request(&kid, &fingerprint, &request, 1_000);
+    let mut holder = single_tx(&s, &req).await;
+    let seen = tokio::time::timeout(
+        std::time::Duration::from_millis(900),
+        s.observe(&kid, 1_000),
+    )
+    .await
+    .expect("NOWAIT must not wait for the holder's lock")
+    .unwrap();
+    assert!(seen.busy && seen.record.is_none() && seen.tx.is_none());
+    for _ in 0..2 {
+        let dup = tokio::time::timeout(std::time::Duration::from_secs(5), s.begin_single(&req))
+            .await
+            .expect("bounded by the lock wait")
+            .unwrap();
+        assert!(matches!(dup, SingleTx::Busy), "{dup:?}");
+        assert!(matches!(
+            claim(&s, "alice", "k", "fp", 1_000).await,
+            ClaimOutcome::Busy
+        ));
+    }
+    for key in ["j", "l", "k0", "kz"] {
+        let other_id = id("alice", key);
+        let other = tokio::time::timeout(
+            std::time::Duration::from_millis(900),
+            single_tx(&s, &claim_request(&other_id, &fingerprint, &request, 1_000)),
+        )
+        .await
+        .expect("another key never waits for this one's claim");
+        s.rollback(other).await.unwrap();
+    }
+    assert_eq!(
+        s.record_final(&mut holder, &req, &response(), 1_500)
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    s.commit(holder).await.unwrap();
+    let after = s.observe(&kid, 2_000).await.unwrap();
+    assert!(!after.busy);
+    assert_eq!(after.record.unwrap().response, Some(response()));
+}
+
+// clause: idem.claim.atomic, idem.inflight.conflict
+#[tokio::test]
+async fn postgres_refuses_to_start_when_advisory_locks_are_stubs() {
+    // A PostgreSQL-compatible engine whose pg_try_advisory_xact_lock always
+    // answers "granted" (CockroachDB's did until 2026), played by a function
+    // of that name in the test's schema, searched before pg_catalog. The
+    // start-up check takes the lock twice and must refuse to run.
+    let Some(db) = TestDb::new(Backend::Postgres, "store-stub-locks").await else {
+        return;
+    };
+    let (_, schema) = db.url.rsplit_once("search_path%3D").unwrap();
+    let schema = schema.split('&').next().unwrap().to_owned();
+    let mut admin = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query(&format!(
+        "CREATE FUNCTION {schema}.pg_try_advisory_xact_lock(bigint) RETURNS boolean \
+         LANGUAGE sql AS 'SELECT true'"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let _ = admin.close().await;
+    // The real locks: the same database passes the check.
+    store(&db).await;
+    let stubbed = db.url.replace(
+        &format!("search_path%3D{schema}"),
+        &format!("search_path%3D{schema}%2Cpg_catalog"),
+    );
+    let s = Store::connect(&stubbed, 2).await.unwrap();
+    match s.migrate().await {
+        Err(Error::ClaimUnsafe(why)) => {
+            assert!(why.contains("pg_try_advisory_xact_lock"), "{why}")
+        }
+        other => panic!("a stub lock must be refused, got {other:?}"),
+    }
+}
