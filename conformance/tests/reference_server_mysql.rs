@@ -98,15 +98,17 @@ impl Drop for Database {
 // clause: idem.replay.verbatim, idem.concurrency.single-effect, idem.scope.caller, idem.fingerprint.mismatch, idem.window.expiry, idem.inflight.conflict, idem.claim.atomic
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn reference_server_on_mysql_conforms() {
-    let Some(db) = Database::create() else {
-        return;
-    };
-    let Some(bin) = support::unflawed_server_bin() else {
-        return;
-    };
-    // The harness starts the server on SQLite; a second --database-url wins.
-    let (stack, loaded) = support::start(&bin, &["--database-url", &db.url]).await;
+    // A fresh database and server per seed, as on SQLite: the kit's test
+    // clock starts from zero with each stack.
     for seed in [1, 2, 3] {
+        let Some(db) = Database::create() else {
+            return;
+        };
+        let Some(bin) = support::unflawed_server_bin() else {
+            return;
+        };
+        // The harness starts the server on SQLite; a second --database-url wins.
+        let (stack, loaded) = support::start(&bin, &["--database-url", &db.url]).await;
         let r = support::run(&stack, &loaded, seed).await;
         let bad: Vec<_> = r
             .cases
@@ -141,16 +143,16 @@ async fn reference_server_on_mysql_conforms() {
         assert!(r.summary.pass >= 26, "{}", support::show(&r));
         assert_eq!(r.summary.unsupported, 0, "{}", support::show(&r));
         println!("seed {seed}:\n{}", support::show(&r));
+        drop(stack);
+        // The run really went through MySQL: the keys it sent are in the
+        // database's key table.
+        let keys = db.scalar(&format!(
+            "SELECT COUNT(*) FROM {}.idempotency_keys",
+            db.name
+        ));
+        assert!(
+            keys > 0,
+            "no keys stored on MySQL: the server ran elsewhere"
+        );
     }
-    drop(stack);
-    // The run really went through MySQL: the keys it sent are in the
-    // database's key table.
-    let keys = db.scalar(&format!(
-        "SELECT COUNT(*) FROM {}.idempotency_keys",
-        db.name
-    ));
-    assert!(
-        keys > 0,
-        "no keys stored on MySQL: the server ran elsewhere"
-    );
 }
