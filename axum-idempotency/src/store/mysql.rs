@@ -52,7 +52,7 @@
 //!   a 500. The transaction holding the key waits on no other key row, so
 //!   it is never the victim of a cycle through the key table.
 //! - A commit that fails with a deadlock or certification conflict
-//!   ([`Error::Conflict`](crate::Error::Conflict)) lost to a concurrent
+//!   ([`Error::Conflict`]) lost to a concurrent
 //!   request on another node: everything it wrote is rolled back, and the
 //!   engine observes again and replays the winner.
 //!

@@ -16,7 +16,7 @@
 //!    connection, so endpoints run their SQL on it) and implementations of
 //!    [`KeyStore`] (the claim protocol: read the module docs of
 //!    [`crate::store`] first, and make the start-up claim check of
-//!    [`StoreBackend::migrate`] real), [`StagedJobs`] and [`StoreBackend`].
+//!    [`StoreBackend::migrate_store`] real), [`StagedJobs`] and [`StoreBackend`].
 //! 2. One line in the `stores!` list below:
 //!    `Foo("NAME", __idem_if_NAME) => foo::FooStore, foo::FooTx, sqlx::FooConnection;`.
 //! 3. Its migrations under `migrations/NAME/` and in [`crate::migrate`].

@@ -198,12 +198,25 @@ impl SqliteStore {
     /// pool, where the writer gate alone excludes: nothing to check.
     pub async fn verify_claim(&self) -> Result<()> {
         let options = self.pool.connect_options();
-        let file = options.get_filename();
-        if file.as_os_str().is_empty() || file == std::path::Path::new(":memory:") {
+        let file = options.get_filename().to_owned();
+        // In-memory and shared-cache databases lock tables inside this
+        // process (a second connection waits on SQLite's unlock
+        // notification rather than failing busy): only this pool reaches
+        // them, and the writer gate excludes there.
+        // (sqlx names an in-memory database `file:sqlx-in-memory-N`.)
+        let name = file.to_string_lossy();
+        if name.is_empty() || name == ":memory:" || name.starts_with("file:") {
             return Ok(());
         }
         let holder = self.begin().await?;
-        let second = second_writer_refused((*options).clone().busy_timeout(Duration::ZERO)).await;
+        // Bounded: a second writer that waits instead of failing busy is
+        // excluded too.
+        let second = tokio::time::timeout(
+            self.gate_timeout,
+            second_writer_refused((*options).clone().busy_timeout(Duration::ZERO)),
+        )
+        .await
+        .unwrap_or(Ok(true));
         holder.rollback().await?;
         if second? {
             Ok(())
