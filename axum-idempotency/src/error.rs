@@ -80,6 +80,21 @@ pub enum Error {
     /// or as 503 `upstream_unavailable` when it is a [`StoreFault`].
     #[error("database error{suffix}: {0}", suffix = fault_suffix(.0))]
     Store(#[source] sqlx::Error),
+    /// The database rolled this request's transaction back because a
+    /// concurrent transaction won: a deadlock victim, or (Galera) a
+    /// certification conflict at commit (MySQL error 1213). Nothing of the
+    /// transaction was written. The single-phase route then observes the key
+    /// again and replays the winner; elsewhere it is answered like an
+    /// unavailable store, `503` with `Retry-After`, safe to retry with the
+    /// same key.
+    #[error("the transaction lost to a concurrent one (deadlock or certification conflict)")]
+    Conflict,
+    /// The store's start-up check found that its claim does not exclude: a
+    /// second connection was granted what a first one held (an advisory lock
+    /// that always answers "granted", row locks that do not block). The
+    /// store refuses to run rather than let duplicates execute twice.
+    #[error("the store's claim does not exclude on this database, refusing to start: {0}")]
+    ClaimUnsafe(String),
     /// Applying the key table's migrations failed.
     #[error("migration failed: {0}")]
     Migrate(String),
@@ -117,7 +132,9 @@ impl Error {
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::Failpoint(_) => ErrorCode::ValidationFailed,
             Self::Store(e) if StoreFault::of(e).is_some() => ErrorCode::UpstreamUnavailable,
+            Self::Conflict => ErrorCode::UpstreamUnavailable,
             Self::Store(_)
+            | Self::ClaimUnsafe(_)
             | Self::Migrate(_)
             | Self::Config(_)
             | Self::Internal(_)
@@ -129,6 +146,7 @@ impl Error {
     pub fn store_fault(&self) -> Option<StoreFault> {
         match self {
             Self::Store(e) => StoreFault::of(e),
+            Self::Conflict => Some(StoreFault::Locked),
             _ => None,
         }
     }
@@ -158,6 +176,7 @@ impl Error {
             Self::KeyInUse { retry_after_secs } => Some(*retry_after_secs),
             Self::Fenced => Some(1),
             Self::Store(e) if StoreFault::of(e).is_some() => Some(STORE_RETRY_AFTER_SECS),
+            Self::Conflict => Some(STORE_RETRY_AFTER_SECS),
             _ => None,
         }
     }
@@ -223,6 +242,10 @@ impl StoreFault {
             | sqlx::Error::Tls(_)
             | sqlx::Error::WorkerCrashed => Some(Self::Unreachable),
             sqlx::Error::Database(db) => {
+                #[cfg(feature = "mysql")]
+                if let Some(my) = db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                    return Self::of_mysql(my.number());
+                }
                 let code = db.code()?;
                 // Asked of the driver, not guessed from the code: many
                 // SQLSTATEs are all digits too ("25006" read-only, "53100"
@@ -256,6 +279,30 @@ impl StoreFault {
                     }
                 }
             }
+            _ => None,
+        }
+    }
+
+    /// MySQL and MariaDB: by error number (their SQLSTATEs are mostly the
+    /// catch-all `HY000`).
+    #[cfg(feature = "mysql")]
+    fn of_mysql(number: u16) -> Option<Self> {
+        match number {
+            // Lock wait timeout, deadlock victim (or Galera certification
+            // conflict), NOWAIT refused: another transaction holds the rows.
+            1205 | 1213 | 3572 => Some(Self::Locked),
+            // --read-only / super_read_only, read-only transaction.
+            1290 | 1792 | 1836 => Some(Self::ReadOnly),
+            // Disk full, table full, cannot write a file, "Got error 28
+            // (No space left on device) from storage engine".
+            1021 | 1114 | 3 | 1030 => Some(Self::DiskFull),
+            // MariaDB max_statement_time, MySQL max_execution_time,
+            // statement interrupted.
+            1969 | 3024 | 1317 => Some(Self::Timeout),
+            // Server shutting down, too many connections, connection
+            // killed, Galera node not ready ("WSREP has not yet prepared
+            // node for application use"), server gone.
+            1053 | 1040 | 1927 | 1047 | 2006 | 2013 => Some(Self::Unreachable),
             _ => None,
         }
     }

@@ -102,9 +102,17 @@
 //! ## Cargo features
 //!
 //! `sqlite` ([`SqliteStore`]) and `postgres` ([`PgStore`]), both on by
-//! default; an application on one database turns the other off
-//! (`default-features = false, features = ["sqlite"]`) and does not compile
-//! that sqlx driver. [`Store`], which chooses at run time, needs both.
+//! default, and `mysql` (`MySqlStore`, MySQL 8.0+ and MariaDB 10.6+), off
+//! by default; an application on one database turns the others off
+//! (`default-features = false, features = ["mysql"]`) and does not compile
+//! their sqlx drivers. [`Store`], which chooses at run time from the URL,
+//! has a variant for each store that is on.
+//!
+//! Every store checks at start ([`Store::migrate`]) that its claim really
+//! excludes on the database it got, and refuses to run
+//! ([`Error::ClaimUnsafe`]) when it does not. Adding a store is one module
+//! and one line: see the `store` module's seam (`store/seam.rs`, "Adding a
+//! store").
 //!
 //! ## What a request holds while your handler runs
 //!
@@ -116,6 +124,10 @@
 //! - **PostgreSQL**: one pooled connection and the key's advisory lock for
 //!   the request's whole life (that lock is what tells other processes the
 //!   key is in flight), so size the pool for the requests you run at once.
+//! - **MySQL / MariaDB**: one pooled connection and the key's uncommitted
+//!   in-flight row (its row lock tells other processes the key is in
+//!   flight), inserted before the handler runs; the pool runs READ
+//!   COMMITTED with a 1 s lock wait (`MySqlStore::SESSION_SQL`).
 //! - An endpoint whose write must come *before* slow work is a
 //!   [`multistep::MultiStep`]: each phase commits on its own.
 //! ## Operating it
@@ -194,10 +206,11 @@ pub use error::{Error, Result, StoreFault};
 pub use idem_spec::{Fingerprint, IdempotencyKey, RecoveryPoint};
 pub use key::{Caller, Fence, KeyId};
 pub use layer::{IdemTx, IdempotencyLayer, IdempotencyService};
+#[cfg(feature = "mysql")]
+pub use store::MySqlStore;
 #[cfg(feature = "postgres")]
 pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
-#[cfg(all(feature = "sqlite", feature = "postgres"))]
 pub use store::Store;
 pub use store::StoreOptions;

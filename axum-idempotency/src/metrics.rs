@@ -278,11 +278,13 @@ impl Outcome {
             Error::KeyInUse { .. } => Self::InFlight,
             Error::Fenced => Self::Fenced,
             Error::Store(s) if StoreFault::of(s).is_some() => Self::StoreUnavailable,
+            Error::Conflict => Self::StoreUnavailable,
             Error::Unauthenticated
             | Error::MalformedBody(_)
             | Error::PayloadTooLarge { .. }
             | Error::Failpoint(_) => Self::Rejected,
             Error::Store(_)
+            | Error::ClaimUnsafe(_)
             | Error::Migrate(_)
             | Error::Config(_)
             | Error::Internal(_)

@@ -18,13 +18,16 @@
 //! Like sqlx's, it refuses a database where an applied migration's SQL has
 //! changed since, and it is safe to run from several processes at once
 //! (one transaction, under an advisory lock on PostgreSQL and the write
-//! lock on SQLite; DDL is transactional on both).
+//! lock on SQLite; DDL is transactional on both; on MySQL, whose DDL is
+//! not, every statement is idempotent instead, see [`MYSQL`]).
 //!
-//! The SQL is public ([`SQLITE`], [`POSTGRES`]) for applications whose
+//! The SQL is public ([`SQLITE`], [`POSTGRES`], [`MYSQL`]) for applications whose
 //! migrations are run by another tool: copy the files into your own
 //! history instead of calling this module.
 
 use sha2::{Digest, Sha256};
+#[cfg(feature = "mysql")]
+use sqlx::MySqlPool;
 #[cfg(feature = "postgres")]
 use sqlx::PgPool;
 #[cfg(feature = "sqlite")]
@@ -78,10 +81,29 @@ pub const POSTGRES: [Migration; 2] = [
     },
 ];
 
+/// The MySQL / MariaDB migrations. MySQL commits every DDL statement on its
+/// own, so a migration cannot be one transaction there: each is written to
+/// be safe to run twice (`IF NOT EXISTS`), and two processes starting at
+/// once may both run it; the history row is then written once.
+pub const MYSQL: [Migration; 2] = [
+    Migration {
+        version: 1,
+        description: "idempotency keys",
+        sql: include_str!("../migrations/mysql/0001_idempotency_keys.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "staged jobs",
+        sql: include_str!("../migrations/mysql/0002_staged_jobs.sql"),
+    },
+];
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 const HISTORY_SQL: &str = "CREATE TABLE IF NOT EXISTS axum_idempotency_migrations (\
      version BIGINT PRIMARY KEY, description TEXT NOT NULL, checksum TEXT NOT NULL, \
      applied_at BIGINT NOT NULL)";
 const APPLIED_SQL: &str = "SELECT version, checksum FROM axum_idempotency_migrations";
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 const RECORD_SQL: &str = "INSERT INTO axum_idempotency_migrations \
      (version, description, checksum, applied_at) VALUES ($1, $2, $3, $4)";
 
@@ -114,6 +136,7 @@ fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 macro_rules! run {
     ($tx:expr, $all:expr) => {{
         let tx = $tx;
@@ -170,13 +193,58 @@ pub async fn postgres(pool: &PgPool) -> Result<()> {
     Ok(())
 }
 
+/// Applies the pending [`MYSQL`] migrations to `pool` (in its database).
+/// No lock: every statement is idempotent (see [`MYSQL`]), and a history
+/// row another process wrote first is checked like any other.
+#[cfg(feature = "mysql")]
+pub async fn mysql(pool: &MySqlPool) -> Result<()> {
+    const MYSQL_HISTORY_SQL: &str = "CREATE TABLE IF NOT EXISTS axum_idempotency_migrations (\
+         version BIGINT PRIMARY KEY, description TEXT NOT NULL, checksum TEXT NOT NULL, \
+         applied_at BIGINT NOT NULL) ENGINE = InnoDB";
+    const MYSQL_RECORD_SQL: &str = "INSERT INTO axum_idempotency_migrations \
+         (version, description, checksum, applied_at) VALUES (?, ?, ?, ?)";
+    sqlx::query(MYSQL_HISTORY_SQL).execute(pool).await?;
+    let applied: Vec<(i64, String)> = sqlx::query_as(APPLIED_SQL).fetch_all(pool).await?;
+    for m in pending(&MYSQL, &applied)? {
+        sqlx::raw_sql(m.sql).execute(pool).await.map_err(|e| {
+            Error::Migrate(format!(
+                "migration {} ({}): {e}{}",
+                m.version,
+                m.description,
+                crate::error::fault_suffix(&e)
+            ))
+        })?;
+        let recorded = sqlx::query(MYSQL_RECORD_SQL)
+            .bind(m.version)
+            .bind(m.description)
+            .bind(m.checksum())
+            .bind(now_ms())
+            .execute(pool)
+            .await;
+        match recorded {
+            Ok(_) => tracing::info!(
+                version = m.version,
+                description = m.description,
+                "axum-idempotency migration applied"
+            ),
+            // Another process recorded it first: check it recorded this SQL.
+            Err(e) if crate::store::mysql::number(&e) == Some(1062) => {
+                let again: Vec<(i64, String)> = sqlx::query_as(APPLIED_SQL).fetch_all(pool).await?;
+                pending(&MYSQL, &again)?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn versions_increase_and_both_backends_have_the_same_history() {
-        for all in [&SQLITE, &POSTGRES] {
+        for all in [&SQLITE, &POSTGRES, &MYSQL] {
             assert!(all.windows(2).all(|w| w[0].version < w[1].version));
         }
         let describe = |all: &[Migration]| {
@@ -185,6 +253,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         assert_eq!(describe(&SQLITE), describe(&POSTGRES));
+        assert_eq!(describe(&SQLITE), describe(&MYSQL));
     }
 
     #[test]

@@ -58,6 +58,12 @@ impl<K: KeyStore> Engine<K> {
                 );
                 return Ok(Recorded::Lost);
             }
+            Err(Error::Conflict) => {
+                // The database chose this transaction as a deadlock victim
+                // and rolled it back: a concurrent request holds the key.
+                let _ = self.store().rollback(tx).await;
+                return Ok(Recorded::Lost);
+            }
             Err(e) => {
                 self.store().rollback(tx).await?;
                 return Err(e);
@@ -65,7 +71,21 @@ impl<K: KeyStore> Engine<K> {
         }
         self.hit(incoming, Position::Before, RecoveryPoint::FINISHED)
             .await;
-        self.store().commit(tx).await?;
+        match self.store().commit(tx).await {
+            Ok(()) => {}
+            // A commit refused because a concurrent transaction won (a
+            // Galera certification conflict: two nodes claimed the key at
+            // once): nothing of this request was written; observe again
+            // and replay the winner.
+            Err(Error::Conflict) => {
+                tracing::info!(
+                    key_hash = %incoming.id,
+                    "commit lost to a concurrent transaction; rolled back, observing again"
+                );
+                return Ok(Recorded::Lost);
+            }
+            Err(e) => return Err(e),
+        }
         self.hit(incoming, Position::After, RecoveryPoint::FINISHED)
             .await;
         Ok(Recorded::Committed)

@@ -82,10 +82,13 @@ where
     ) -> Result<Acted> {
         let tx = match observed {
             Some(tx) => SingleTx::Open(tx),
-            None => engine.store().begin_single(&incoming.id).await?,
+            None => engine.store().begin_single(&claim).await?,
         };
-        if matches!(tx, SingleTx::Busy) {
-            return Ok(Acted::Busy);
+        match tx {
+            SingleTx::Busy => return Ok(Acted::Busy),
+            // A record committed since the observation: answer from it.
+            SingleTx::Taken => return Ok(Acted::LostRace),
+            SingleTx::Open(_) | SingleTx::Deferred => {}
         }
         let Some((inner, parts)) = self.pending.take() else {
             // It ran once and lost its final write, and the winner's
@@ -151,6 +154,7 @@ where
         SingleTx::Open(tx) => IdemTx::<K>::new(tx),
         SingleTx::Deferred => IdemTx::<K>::deferred(engine.store().clone()),
         SingleTx::Busy => return Ok(Acted::Busy),
+        SingleTx::Taken => return Ok(Acted::LostRace),
     };
     parts.extensions.insert(slot.clone());
     engine

@@ -41,7 +41,7 @@ async fn handler(
     barrier.wait().await;
     let mut tx = tx.lock().await?;
     with_conn!(&mut *tx, c => {
-        sqlx::query("INSERT INTO effects (owner, n) VALUES ($1, $2)")
+        sqlx::query(&axum_idempotency::store::sql(&*c, "INSERT INTO effects (owner, n) VALUES ($1, $2)"))
             .bind(caller.as_str())
             .bind(n)
             .execute(&mut *c)

@@ -51,7 +51,7 @@ async fn handler(
     let n = ctl.runs.fetch_add(1, Ordering::SeqCst) + 1;
     let mut tx = tx.lock().await?;
     with_conn!(&mut *tx, c => {
-        sqlx::query("INSERT INTO effects (owner, n) VALUES ($1, $2)")
+        sqlx::query(&axum_idempotency::store::sql(&*c, "INSERT INTO effects (owner, n) VALUES ($1, $2)"))
             .bind(caller.as_str())
             .bind(i64::try_from(n).unwrap())
             .execute(&mut *c)
@@ -75,7 +75,7 @@ async fn rich(
 ) -> Result<(StatusCode, axum::http::HeaderMap, String), axum_idempotency::Error> {
     let mut tx = tx.lock().await?;
     with_conn!(&mut *tx, c => {
-        sqlx::query("INSERT INTO effects (owner, n) VALUES ($1, 1)")
+        sqlx::query(&axum_idempotency::store::sql(&*c, "INSERT INTO effects (owner, n) VALUES ($1, 1)"))
             .bind(caller.as_str())
             .execute(&mut *c)
             .await?;
@@ -364,7 +364,7 @@ async fn concurrent_first_requests_on_two_engines_execute_once(b: Backend) {
     for (k, answers) in answers.iter().enumerate() {
         let user = format!("ann-{k}");
         let n: i64 = axum_idempotency::with_pool!(&app.store, p => {
-            sqlx::query_scalar("SELECT count(*) FROM effects WHERE owner = $1")
+            sqlx::query_scalar(&axum_idempotency::store::sql(p, "SELECT count(*) FROM effects WHERE owner = $1"))
                 .bind(&user)
                 .fetch_one(p)
                 .await

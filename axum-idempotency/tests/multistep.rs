@@ -92,7 +92,7 @@ impl MultiStep<Store> for Order {
             Point::Started => {
                 let tx = p.tx().await?;
                 with_conn!(tx, c => {
-                    sqlx::query("INSERT INTO orders (id, status) VALUES ($1, 'reserved')")
+                    sqlx::query(&axum_idempotency::store::sql(&*c, "INSERT INTO orders (id, status) VALUES ($1, 'reserved')"))
                         .bind(&id)
                         .execute(&mut *c)
                         .await?;
@@ -118,7 +118,7 @@ impl MultiStep<Store> for Order {
                 }
                 let tx = p.tx().await?;
                 with_conn!(tx, c => {
-                    sqlx::query("UPDATE orders SET status = 'charged' WHERE id = $1")
+                    sqlx::query(&axum_idempotency::store::sql(&*c, "UPDATE orders SET status = 'charged' WHERE id = $1"))
                         .bind(&id)
                         .execute(&mut *c)
                         .await?;
@@ -143,7 +143,7 @@ async fn app(db: TestDb) -> App {
     let store = Store::connect(&db.url, 4).await.unwrap();
     store.migrate().await.unwrap();
     with_pool!(&store, p => {
-        sqlx::query("CREATE TABLE orders (id TEXT PRIMARY KEY, status TEXT NOT NULL)")
+        sqlx::query("CREATE TABLE orders (id VARCHAR(64) PRIMARY KEY, status TEXT NOT NULL)")
             .execute(p)
             .await
             .unwrap();

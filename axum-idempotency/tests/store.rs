@@ -4,7 +4,7 @@
 
 use axum_idempotency::store::{
     ClaimOutcome, ClaimRequest, Claimed, DbTx, FencedWrite, KeyStore, SingleTx, Store,
-    StoredHeader, StoredRequest, StoredResponse, Unfinished,
+    StoredHeader, StoredRequest, StoredResponse, Unfinished, sql,
 };
 use axum_idempotency::{
     Caller, Error, Fence, Fingerprint, IdempotencyKey, KeyId, RecoveryPoint, with_pool,
@@ -203,17 +203,17 @@ async fn reclaim_after_the_window_or_an_expired_lease_bumps_the_generation(b: Ba
         ("lease-later", "charge_created"),
     ] {
         with_pool!(&s, p => {
-            sqlx::query(
+            sqlx::query(&sql(p,
                 "INSERT INTO idempotency_keys (caller, idem_key, fingerprint, state, recovery_point, \
                  generation, locked_at, lease_expires_at, created_at, replay_until, expires_at, \
-                 request_method, request_path) VALUES ('alice', $1, $5, 'in_flight', $2, 5, 0, \
-                 60000, 0, $3, $4, 'POST', '/v1/things')",
-            )
+                 request_method, request_path) VALUES ('alice', $1, $2, 'in_flight', $3, 5, 0, \
+                 60000, 0, $4, $5, 'POST', '/v1/things')",
+            ))
             .bind(key)
+            .bind(fp("fp").to_hex())
             .bind(point)
             .bind(24 * HOUR)
             .bind(72 * HOUR)
-            .bind(fp("fp").to_hex())
             .execute(p)
             .await
             .unwrap();
@@ -276,14 +276,14 @@ async fn reap_deletes_past_retention_and_reports_unfinished(b: Backend) {
         .await
         .unwrap();
     with_pool!(&s, p => {
-        sqlx::query(
+        sqlx::query(&sql(p,
             "INSERT INTO idempotency_keys (caller, idem_key, fingerprint, state, recovery_point, \
              generation, created_at, replay_until, expires_at, request_method, request_path) \
-             VALUES ('alice', 'stuck', $3, 'in_flight', 'charge_created', 1, 0, $1, $2, 'POST', '/x')",
-        )
+             VALUES ('alice', 'stuck', $1, 'in_flight', 'charge_created', 1, 0, $2, $3, 'POST', '/x')",
+        ))
+        .bind(fp("fp").to_hex())
         .bind(24 * HOUR)
         .bind(72 * HOUR)
-        .bind(fp("fp").to_hex())
         .execute(p)
         .await
         .unwrap();
@@ -309,14 +309,45 @@ both!(reap_deletes_past_retention_and_reports_unfinished);
 /// Inserts `n` records of `state` at `point` whose retention ends at
 /// `expires_at`, keys `{prefix}{i}`, in one statement.
 async fn insert_many(s: &Store, prefix: &str, n: i64, state: &str, point: &str, expires_at: i64) {
+    if s.backend() == "mysql" {
+        // No recursive CTE (MySQL caps its depth at 1000): numbers from
+        // four digit tables, up to 10 000.
+        with_pool!(s, p => {
+            sqlx::query(&sql(p,
+                "INSERT INTO idempotency_keys (caller, idem_key, fingerprint, state, recovery_point, \
+                 generation, created_at, replay_until, expires_at, request_method, request_path) \
+                 SELECT 'alice', CONCAT($1, n.i), $2, $3, $4, 1, 0, 0, $5, 'POST', '/x' FROM \
+                 (SELECT a.d * 1000 + b.d * 100 + c.d * 10 + e.d + 1 AS i FROM \
+                 (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 \
+                  UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) a \
+                 CROSS JOIN (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 \
+                  UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) b \
+                 CROSS JOIN (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 \
+                  UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) c \
+                 CROSS JOIN (SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 \
+                  UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL SELECT 8 UNION ALL SELECT 9) e) n \
+                 WHERE n.i <= $6",
+            ))
+            .bind(prefix)
+            .bind(fp("fp").to_hex())
+            .bind(state)
+            .bind(point)
+            .bind(expires_at)
+            .bind(n)
+            .execute(p)
+            .await
+            .unwrap();
+        });
+        return;
+    }
     with_pool!(s, p => {
-        sqlx::query(
+        sqlx::query(&sql(p,
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < $1) \
              INSERT INTO idempotency_keys (caller, idem_key, fingerprint, state, recovery_point, \
              generation, created_at, replay_until, expires_at, request_method, request_path) \
              SELECT 'alice', CAST($2 AS TEXT) || CAST(i AS TEXT), $3, $4, $5, 1, 0, 0, $6, \
              'POST', '/x' FROM n",
-        )
+        ))
         .bind(n)
         .bind(prefix)
         .bind(fp("fp").to_hex())
@@ -651,22 +682,33 @@ async fn a_single_phase_claim_that_loses_its_final_write_leaves_no_business_writ
         .unwrap();
     assert_eq!(won, Some(1), "a fresh key is inserted at generation 1");
     s.commit(theirs).await.unwrap();
-    // Ours runs its endpoint in the claim's transaction, then loses.
-    let mut tx = match observed.tx {
-        Some(tx) => tx,
-        None => single_tx(&s, &kid).await,
+    // Ours runs its endpoint in the claim's transaction, then loses. On
+    // MySQL the claim is an insert made before the endpoint runs, so it
+    // loses there instead, and the endpoint never runs at all.
+    let tx = match observed.tx {
+        Some(tx) => Some(tx),
+        None => match s.begin_single(&ours).await.unwrap() {
+            SingleTx::Open(tx) => Some(tx),
+            SingleTx::Deferred => Some(s.begin().await.unwrap()),
+            SingleTx::Taken => None,
+            SingleTx::Busy => panic!("busy"),
+        },
     };
-    axum_idempotency::with_conn!(&mut tx, c => {
-        sqlx::query("INSERT INTO business (n) VALUES (1)").execute(&mut *c).await.unwrap();
-    });
     let mut mine = response();
     mine.body = br#"{"id":2}"#.to_vec();
-    assert_eq!(
-        s.record_final(&mut tx, &ours, &mine, 1_200).await.unwrap(),
-        None,
-        "the committed record is inside its window: not replaceable"
-    );
-    s.rollback(tx).await.unwrap();
+    if let Some(mut tx) = tx {
+        axum_idempotency::with_conn!(&mut tx, c => {
+            sqlx::query("INSERT INTO business (n) VALUES (1)").execute(&mut *c).await.unwrap();
+        });
+        assert_eq!(
+            s.record_final(&mut tx, &ours, &mine, 1_200).await.unwrap(),
+            None,
+            "the committed record is inside its window: not replaceable"
+        );
+        s.rollback(tx).await.unwrap();
+    } else {
+        assert_eq!(b, Backend::MySql, "only MySQL claims before the endpoint");
+    }
     assert_eq!(business_rows(&s).await, 0, "the loser's write is gone");
     let rec = s.lookup(&kid).await.unwrap().unwrap();
     assert_eq!(rec.state, KeyState::Complete);
@@ -677,7 +719,7 @@ async fn a_single_phase_claim_that_loses_its_final_write_leaves_no_business_writ
     );
     // Past the window the same statement replaces the record: a new request.
     let later = claim_request(&kid, &fingerprint, &request, 1_000 + 25 * HOUR);
-    let mut tx = single_tx(&s, &kid).await;
+    let mut tx = single_tx(&s, &later).await;
     assert_eq!(
         s.record_final(&mut tx, &later, &mine, later.now)
             .await
@@ -708,12 +750,23 @@ async fn the_final_write_never_replaces_a_record_in_flight(b: Backend) {
         in_flight_at(&s, key, point, lease).await;
         let kid = id("alice", key);
         let req = claim_request(&kid, &fingerprint, &request, 5_000);
-        let mut tx = single_tx(&s, &kid).await;
-        let wrote = s
-            .record_final(&mut tx, &req, &response(), 5_000)
-            .await
-            .unwrap();
-        s.rollback(tx).await.unwrap();
+        // MySQL claims before the endpoint: a row it may not replace is
+        // Taken there already.
+        let wrote = match s.begin_single(&req).await.unwrap() {
+            SingleTx::Taken => None,
+            single => {
+                let mut tx = match single {
+                    SingleTx::Open(tx) => tx,
+                    _ => s.begin().await.unwrap(),
+                };
+                let wrote = s
+                    .record_final(&mut tx, &req, &response(), 5_000)
+                    .await
+                    .unwrap();
+                s.rollback(tx).await.unwrap();
+                wrote
+            }
+        };
         assert_eq!(wrote.is_some(), replaceable, "{key}");
     }
 }
@@ -733,12 +786,14 @@ async fn postgres_begin_takes_the_key_lock_and_a_duplicate_is_busy_on_a_clean_co
     let s = Store::connect(&db.url, 2).await.unwrap();
     s.migrate().await.unwrap();
     let kid = id("alice", "k");
+    let (fingerprint, request) = (fp("fp"), request());
+    let req = claim_request(&kid, &fingerprint, &request, 1_000);
     // An absent key: the observation goes on to the BEGIN with the lock.
     let first = s.observe(&kid, 1_000).await.unwrap();
     assert!(first.record.is_none() && !first.busy);
     let mut holder = first.tx.expect("an absent key is observed with its lock");
     for _ in 0..3 {
-        let busy = tokio::time::timeout(std::time::Duration::from_secs(5), s.begin_single(&kid))
+        let busy = tokio::time::timeout(std::time::Duration::from_secs(5), s.begin_single(&req))
             .await
             .expect("must not block")
             .unwrap();
@@ -756,10 +811,9 @@ async fn postgres_begin_takes_the_key_lock_and_a_duplicate_is_busy_on_a_clean_co
         ClaimOutcome::Busy
     ));
     // Another key is not held by this one's lock.
-    let other = single_tx(&s, &id("alice", "other")).await;
+    let other_id = id("alice", "other");
+    let other = single_tx(&s, &claim_request(&other_id, &fingerprint, &request, 1_000)).await;
     s.rollback(other).await.unwrap();
-    let (fingerprint, request) = (fp("fp"), request());
-    let req = claim_request(&kid, &fingerprint, &request, 1_000);
     assert!(
         s.record_final(&mut holder, &req, &response(), 1_000)
             .await
@@ -768,7 +822,7 @@ async fn postgres_begin_takes_the_key_lock_and_a_duplicate_is_busy_on_a_clean_co
     );
     s.commit(holder).await.unwrap();
     // Complete: read without any lock, even while someone holds it.
-    let again = single_tx(&s, &kid).await;
+    let again = single_tx(&s, &req).await;
     let replay = s.observe(&kid, 2_000).await.unwrap();
     assert!(!replay.busy && replay.tx.is_none());
     assert_eq!(replay.record.unwrap().response, Some(response()));
@@ -786,7 +840,9 @@ async fn postgres_keys_with_quotes_and_dollars_lock_as_themselves() {
     let s = store(&db).await;
     let caller = "o'brien $idem$ \\ ; ROLLBACK; --";
     let kid = id(caller, "k'1$idem$");
-    let holder = single_tx(&s, &kid).await;
+    let (fingerprint, request) = (fp("fp"), request());
+    let req = claim_request(&kid, &fingerprint, &request, 1_000);
+    let holder = single_tx(&s, &req).await;
     assert!(matches!(
         claim(&s, caller, "k'1$idem$", "fp", 1_000).await,
         ClaimOutcome::Busy
@@ -806,17 +862,111 @@ async fn postgres_keys_with_quotes_and_dollars_lock_as_themselves() {
     assert!(!free, "the bound-parameter form of the lock must be held");
     s.rollback(holder).await.unwrap();
     assert!(matches!(
-        s.begin_single(&kid).await.unwrap(),
+        s.begin_single(&req).await.unwrap(),
         SingleTx::Open(_)
     ));
 }
 
 /// The transaction a single-phase request would run in: opened now where
 /// the store defers it (SQLite opens it at the endpoint's first write).
-async fn single_tx(s: &Store, kid: &KeyId) -> DbTx {
-    match s.begin_single(kid).await.unwrap() {
+async fn single_tx(s: &Store, req: &ClaimRequest<'_>) -> DbTx {
+    match s.begin_single(req).await.unwrap() {
         SingleTx::Open(tx) => tx,
         SingleTx::Deferred => s.begin().await.unwrap(),
-        SingleTx::Busy => panic!("busy"),
+        other => panic!("expected a transaction, got {other:?}"),
+    }
+}
+
+// clause: idem.inflight.conflict, idem.claim.atomic
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_a_duplicate_is_in_flight_at_once_and_the_holder_commits() {
+    // MySQL's claim is an uncommitted insert of the in-flight row. A
+    // duplicate's observation probes that row with FOR UPDATE NOWAIT and is
+    // told "in flight" without waiting out the 1 s lock wait; a duplicate
+    // claim (single-phase or multi-step) is Busy, never an error; another
+    // key is not held by it (no gap lock); and the holder's final write and
+    // commit never fail because of the duplicates.
+    let Some(db) = TestDb::new(Backend::MySql, "store-mysql-busy").await else {
+        return;
+    };
+    let s = store(&db).await;
+    let kid = id("alice", "k");
+    let (fingerprint, request) = (fp("fp"), request());
+    let req = claim_request(&kid, &fingerprint, &request, 1_000);
+    let mut holder = single_tx(&s, &req).await;
+    let seen = tokio::time::timeout(
+        std::time::Duration::from_millis(900),
+        s.observe(&kid, 1_000),
+    )
+    .await
+    .expect("NOWAIT must not wait for the holder's lock")
+    .unwrap();
+    assert!(seen.busy && seen.record.is_none() && seen.tx.is_none());
+    for _ in 0..2 {
+        let dup = tokio::time::timeout(std::time::Duration::from_secs(5), s.begin_single(&req))
+            .await
+            .expect("bounded by the lock wait")
+            .unwrap();
+        assert!(matches!(dup, SingleTx::Busy), "{dup:?}");
+        assert!(matches!(
+            claim(&s, "alice", "k", "fp", 1_000).await,
+            ClaimOutcome::Busy
+        ));
+    }
+    for key in ["j", "l", "k0", "kz"] {
+        let other_id = id("alice", key);
+        let other = tokio::time::timeout(
+            std::time::Duration::from_millis(900),
+            single_tx(&s, &claim_request(&other_id, &fingerprint, &request, 1_000)),
+        )
+        .await
+        .expect("another key never waits for this one's claim");
+        s.rollback(other).await.unwrap();
+    }
+    assert_eq!(
+        s.record_final(&mut holder, &req, &response(), 1_500)
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    s.commit(holder).await.unwrap();
+    let after = s.observe(&kid, 2_000).await.unwrap();
+    assert!(!after.busy);
+    assert_eq!(after.record.unwrap().response, Some(response()));
+}
+
+// clause: idem.claim.atomic, idem.inflight.conflict
+#[tokio::test]
+async fn postgres_refuses_to_start_when_advisory_locks_are_stubs() {
+    // A PostgreSQL-compatible engine whose pg_try_advisory_xact_lock always
+    // answers "granted" (CockroachDB's did until 2026), played by a function
+    // of that name in the test's schema, searched before pg_catalog. The
+    // start-up check takes the lock twice and must refuse to run.
+    let Some(db) = TestDb::new(Backend::Postgres, "store-stub-locks").await else {
+        return;
+    };
+    let (_, schema) = db.url.rsplit_once("search_path%3D").unwrap();
+    let schema = schema.split('&').next().unwrap().to_owned();
+    let mut admin = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query(&format!(
+        "CREATE FUNCTION {schema}.pg_try_advisory_xact_lock(bigint) RETURNS boolean \
+         LANGUAGE sql AS 'SELECT true'"
+    ))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let _ = admin.close().await;
+    // The real locks: the same database passes the check.
+    store(&db).await;
+    let stubbed = db.url.replace(
+        &format!("search_path%3D{schema}"),
+        &format!("search_path%3D{schema}%2Cpg_catalog"),
+    );
+    let s = Store::connect(&stubbed, 2).await.unwrap();
+    match s.migrate().await {
+        Err(Error::ClaimUnsafe(why)) => {
+            assert!(why.contains("pg_try_advisory_xact_lock"), "{why}")
+        }
+        other => panic!("a stub lock must be refused, got {other:?}"),
     }
 }

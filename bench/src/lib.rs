@@ -35,6 +35,7 @@ pub mod baseline;
 pub mod child;
 pub mod load;
 pub mod minimal;
+pub mod mysql;
 pub mod pg;
 pub mod procfs;
 pub mod report;

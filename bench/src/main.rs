@@ -18,7 +18,7 @@ struct Cli {
     /// default bench-results/<timestamp>.json in the workspace.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Stores, comma-separated: sqlite, postgres.
+    /// Stores, comma-separated: sqlite, postgres, mysql.
     #[arg(long, value_delimiter = ',', value_parser = parse_store)]
     stores: Option<Vec<StoreKind>>,
     /// Concurrency levels, comma-separated.
@@ -68,7 +68,10 @@ fn parse_store(s: &str) -> Result<StoreKind, String> {
     match s {
         "sqlite" => Ok(StoreKind::Sqlite),
         "postgres" | "postgresql" | "pg" => Ok(StoreKind::Postgres),
-        other => Err(format!("unknown store {other:?}: sqlite or postgres")),
+        "mysql" | "mariadb" => Ok(StoreKind::MySql),
+        other => Err(format!(
+            "unknown store {other:?}: sqlite, postgres or mysql"
+        )),
     }
 }
 

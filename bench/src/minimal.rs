@@ -95,11 +95,23 @@ async fn insert_in(
 ) -> Result<i64, axum_idempotency::Error> {
     let mut tx = tx.lock().await?;
     let id: i64 = axum_idempotency::with_conn!(&mut *tx, c => {
-        sqlx::query_scalar("INSERT INTO notes (owner, text) VALUES ($1, $2) RETURNING id")
-            .bind(caller.as_str())
-            .bind(text)
-            .fetch_one(&mut *c)
-            .await?
+        if axum_idempotency::store::is_mysql(&*c) {
+            // No RETURNING: the id of the connection's last insert.
+            sqlx::query("INSERT INTO notes (owner, text) VALUES (?, ?)")
+                .bind(caller.as_str())
+                .bind(text)
+                .execute(&mut *c)
+                .await?;
+            sqlx::query_scalar("SELECT CAST(LAST_INSERT_ID() AS SIGNED)")
+                .fetch_one(&mut *c)
+                .await?
+        } else {
+            sqlx::query_scalar("INSERT INTO notes (owner, text) VALUES ($1, $2) RETURNING id")
+                .bind(caller.as_str())
+                .bind(text)
+                .fetch_one(&mut *c)
+                .await?
+        }
     });
     Ok(id)
 }
@@ -110,11 +122,24 @@ async fn insert_plain(
     text: &str,
 ) -> Result<i64, axum_idempotency::Error> {
     let id: i64 = axum_idempotency::with_pool!(store, p => {
-        sqlx::query_scalar("INSERT INTO notes (owner, text) VALUES ($1, $2) RETURNING id")
-            .bind(caller.as_str())
-            .bind(text)
-            .fetch_one(p)
-            .await?
+        if axum_idempotency::store::is_mysql(p) {
+            // LAST_INSERT_ID() is per connection: both on one.
+            let mut c = p.acquire().await?;
+            sqlx::query("INSERT INTO notes (owner, text) VALUES (?, ?)")
+                .bind(caller.as_str())
+                .bind(text)
+                .execute(&mut *c)
+                .await?;
+            sqlx::query_scalar("SELECT CAST(LAST_INSERT_ID() AS SIGNED)")
+                .fetch_one(&mut *c)
+                .await?
+        } else {
+            sqlx::query_scalar("INSERT INTO notes (owner, text) VALUES ($1, $2) RETURNING id")
+                .bind(caller.as_str())
+                .bind(text)
+                .fetch_one(p)
+                .await?
+        }
     });
     Ok(id)
 }
@@ -204,6 +229,9 @@ pub async fn app(args: &MinimalArgs, stages: Option<StageTimes>) -> Result<(Rout
     let ddl = match store.backend() {
         "postgres" => {
             "CREATE TABLE IF NOT EXISTS notes (id BIGSERIAL PRIMARY KEY, owner TEXT NOT NULL, text TEXT NOT NULL)"
+        }
+        "mysql" => {
+            "CREATE TABLE IF NOT EXISTS notes (id BIGINT AUTO_INCREMENT PRIMARY KEY, owner TEXT NOT NULL, text TEXT NOT NULL)"
         }
         _ => {
             "CREATE TABLE IF NOT EXISTS notes (id INTEGER PRIMARY KEY, owner TEXT NOT NULL, text TEXT NOT NULL)"

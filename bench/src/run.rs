@@ -28,6 +28,10 @@ pub enum StoreKind {
     Sqlite,
     /// Databases in a throwaway PostgreSQL cluster.
     Postgres,
+    /// Databases on the MySQL / MariaDB server at `IDEM_BENCH_MYSQL_URL`
+    /// (default `mysql://root@127.0.0.1:3306/test`).
+    #[serde(rename = "mysql")]
+    MySql,
 }
 
 impl std::fmt::Display for StoreKind {
@@ -35,6 +39,7 @@ impl std::fmt::Display for StoreKind {
         f.write_str(match self {
             Self::Sqlite => "SQLite",
             Self::Postgres => "PostgreSQL",
+            Self::MySql => "MySQL",
         })
     }
 }
@@ -181,6 +186,9 @@ pub fn select(cfg: &mut Config, names: &[String]) -> std::result::Result<(), Str
 pub struct Config {
     /// Stores to run on.
     pub stores: Vec<StoreKind>,
+    /// The MySQL / MariaDB server of the MySQL store (a database of its own
+    /// per session): `IDEM_BENCH_MYSQL_URL`, else the machine's.
+    pub mysql_url: String,
     /// Concurrency levels of every scenario.
     pub concurrencies: Vec<usize>,
     /// Concurrencies the transfer ratios are computed at (each must be in
@@ -229,7 +237,9 @@ impl Config {
     /// The default run: a few minutes on two cores.
     pub fn full(bench_bin: PathBuf) -> Self {
         Self {
-            stores: vec![StoreKind::Sqlite, StoreKind::Postgres],
+            stores: vec![StoreKind::Sqlite, StoreKind::Postgres, StoreKind::MySql],
+            mysql_url: std::env::var(crate::mysql::URL_ENV)
+                .unwrap_or_else(|_| crate::mysql::DEFAULT_URL.to_owned()),
             concurrencies: vec![1, 16, 64],
             ratio_concurrencies: vec![16, 64],
             duration: Duration::from_millis(2000),
@@ -530,7 +540,7 @@ pub async fn run(cfg: &Config, progress: &(dyn Fn(&str) + Sync)) -> Result<Bench
         progress(&format!("== {kind} =="));
         match session(cfg, &bins, kind, progress).await {
             Ok(r) => stores.push(r),
-            Err(e) if kind == StoreKind::Postgres && e.is_setup() => {
+            Err(e) if kind != StoreKind::Sqlite && e.is_setup() => {
                 progress(&format!("{kind} skipped: {e}"));
                 stores.push(StoreResult {
                     store: kind,
@@ -574,6 +584,7 @@ fn tokens_toml(callers: usize) -> String {
 enum Dbs {
     Sqlite { dir: PathBuf },
     Postgres { cluster: Cluster },
+    MySql(crate::mysql::Server),
 }
 
 impl Dbs {
@@ -584,6 +595,7 @@ impl Dbs {
                 dir.join(format!("{name}.db")).display()
             )),
             Self::Postgres { cluster } => cluster.create_db(name).await,
+            Self::MySql(server) => server.create_db(name).await,
         }
     }
 }
@@ -971,10 +983,11 @@ async fn session(
         StoreKind::Postgres => Dbs::Postgres {
             cluster: Cluster::start().await?,
         },
+        StoreKind::MySql => Dbs::MySql(crate::mysql::Server::connect(&cfg.mysql_url).await?),
     };
     let minimal_pool = match kind {
         StoreKind::Sqlite => cfg.minimal_sqlite_pool,
-        StoreKind::Postgres => cfg.minimal_pg_pool,
+        StoreKind::Postgres | StoreKind::MySql => cfg.minimal_pg_pool,
     };
     let stack = if cfg.needs_servers() {
         Some(
@@ -1020,7 +1033,7 @@ async fn session(
     }
     let cluster = match &dbs {
         Dbs::Postgres { cluster } => Some(cluster),
-        Dbs::Sqlite { .. } => None,
+        Dbs::Sqlite { .. } | Dbs::MySql(_) => None,
     };
     let mut rounds: BTreeMap<(Scenario, usize), Vec<Round>> = BTreeMap::new();
     let mut tag = 0u64;
@@ -1239,6 +1252,15 @@ async fn effects(dbs: &Dbs, url: &str, prefix: &str) -> Result<(u64, u64)> {
         Dbs::Postgres { .. } => {
             let mut c = sqlx::PgConnection::connect(url).await?;
             let r = sqlx::query_as(q).bind(&pattern).fetch_one(&mut c).await?;
+            c.close().await.ok();
+            r
+        }
+        Dbs::MySql(_) => {
+            let mut c = sqlx::MySqlConnection::connect(url).await?;
+            let r = sqlx::query_as(&q.replace("$1", "?"))
+                .bind(&pattern)
+                .fetch_one(&mut c)
+                .await?;
             c.close().await.ok();
             r
         }

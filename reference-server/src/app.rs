@@ -49,6 +49,12 @@ pub async fn build(cli: &Cli) -> Result<App> {
                 .run(s.pool())
                 .await?
         }
+        Store::MySql(s) => sqlx::migrate!("./migrations/mysql").run(s.pool()).await?,
+        _ => {
+            return Err(Error::Config(
+                "the reference server has no migrations for this store".into(),
+            ));
+        }
     }
     accounts::seed(&store, tokens.values().map(String::as_str)).await?;
     let (clock, test_clock): (Arc<dyn Clock>, Option<Arc<AdjustableClock>>) = if cli.test_hooks {

@@ -32,8 +32,8 @@ pub const DEMO_TOKENS: [(&str, &str); 2] = [("demo-alice", "alice"), ("demo-bob"
     name = "idem-server",
     version,
     about = "The idemkit reference server: Idempotency-Key done right, on SQLite or PostgreSQL.",
-    long_about = "The idemkit reference server: an idempotency engine on SQLite (default) or \
-PostgreSQL, with an example bank API: POST /v1/transfers (one transaction) and POST /v1/payments \
+    long_about = "The idemkit reference server: an idempotency engine on SQLite (default), \
+PostgreSQL or MySQL/MariaDB, with an example bank API: POST /v1/transfers (one transaction) and POST /v1/payments \
 (multi-step, through an external payment processor).\n\n\
 The first line printed on stdout is `listening on http://ADDR` (machine-readable; use \
 --listen 127.0.0.1:0 to let the OS pick a free port). GET /healthz (liveness) answers 200 while \
@@ -77,9 +77,16 @@ pub struct Cli {
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_client_connections: Option<u64>,
 
-    /// sqlite://PATH (created if missing, WAL mode) or postgres://USER@HOST/DB.
-    /// For PostgreSQL, `?options=-c%20search_path%3DNAME` selects a schema.
-    #[arg(long, default_value = "sqlite://idem.db")]
+    /// sqlite://PATH (created if missing, WAL mode), postgres://USER@HOST/DB
+    /// or mysql://USER@HOST:PORT/DB (MySQL 8.0+ or MariaDB 10.6+). For
+    /// PostgreSQL, `?options=-c%20search_path%3DNAME` selects a schema.
+    /// Given twice, the last one wins (so a harness that starts the server
+    /// with its default database can point it at another).
+    #[arg(
+        long,
+        default_value = "sqlite://idem.db",
+        overrides_with = "database_url"
+    )]
     pub database_url: String,
 
     /// Status codes and error codes to answer with: reference, ietf-draft, stripe or resend.

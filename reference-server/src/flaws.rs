@@ -138,7 +138,7 @@ pub mod edge {
     use axum::http::{HeaderName, Response, StatusCode};
     use axum::middleware::Next;
     use axum_idempotency::engine::{FingerprintPolicy, stored_response};
-    use axum_idempotency::store::{DbTx, KeyStore, PgTx, SqliteTx};
+    use axum_idempotency::store::{DbTx, KeyStore, MySqlTx, PgTx, SqliteTx};
     use axum_idempotency::{
         Caller, Fingerprint, IdemTx, IdempotencyKey, IdempotencyService, KeyId, Store, with_conn,
     };
@@ -272,12 +272,24 @@ pub mod edge {
          state, recovery_point, generation, created_at, replay_until, expires_at, completed_at, \
          request_method, request_path, request_content_type, request_body, \
          response_status, response_headers, response_body) \
-         VALUES ($1, $2, $3, 'complete', 'finished', 1, $4, $5, $6, $4, $7, $8, $9, $10, $11, $12, $13) \
+         VALUES ($1, $2, $3, 'complete', 'finished', 1, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
          ON CONFLICT (caller, idem_key) DO UPDATE SET fingerprint = excluded.fingerprint, \
            state = 'complete', created_at = excluded.created_at, replay_until = excluded.replay_until, \
            expires_at = excluded.expires_at, completed_at = excluded.completed_at, \
            response_status = excluded.response_status, response_headers = excluded.response_headers, \
            response_body = excluded.response_body";
+
+    /// The same on MySQL, whose upsert is `ON DUPLICATE KEY UPDATE`.
+    const OVERWRITE_SQL_MYSQL: &str = "INSERT INTO idempotency_keys (caller, idem_key, fingerprint, \
+         state, recovery_point, generation, created_at, replay_until, expires_at, completed_at, \
+         request_method, request_path, request_content_type, request_body, \
+         response_status, response_headers, response_body) \
+         VALUES ($1, $2, $3, 'complete', 'finished', 1, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
+         ON DUPLICATE KEY UPDATE fingerprint = VALUES(fingerprint), \
+           state = 'complete', created_at = VALUES(created_at), replay_until = VALUES(replay_until), \
+           expires_at = VALUES(expires_at), completed_at = VALUES(completed_at), \
+           response_status = VALUES(response_status), response_headers = VALUES(response_headers), \
+           response_body = VALUES(response_body)";
 
     impl<S> Naive<S>
     where
@@ -373,6 +385,12 @@ pub mod edge {
                     .begin()
                     .await
                     .map(|tx| DbTx::Postgres(PgTx::from_transaction(tx))),
+                Store::MySql(s) => s
+                    .pool()
+                    .begin()
+                    .await
+                    .map(|tx| DbTx::MySql(MySqlTx::from_transaction(tx))),
+                _ => return StatusCode::INTERNAL_SERVER_ERROR.into_response_body(),
             };
             let Ok(tx) = tx else {
                 return StatusCode::INTERNAL_SERVER_ERROR.into_response_body();
@@ -427,13 +445,19 @@ pub mod edge {
                     let headers =
                         serde_json::to_string(&stored.headers).unwrap_or_else(|_| "[]".into());
                     with_conn!(&mut tx, c => {
-                        sqlx::query(OVERWRITE_SQL)
+                        let overwrite = if axum_idempotency::store::is_mysql(&*c) {
+                            OVERWRITE_SQL_MYSQL
+                        } else {
+                            OVERWRITE_SQL
+                        };
+                        sqlx::query(&axum_idempotency::store::sql(&*c, overwrite))
                             .bind(id.caller().as_str())
                             .bind(id.key().as_str())
                             .bind(fp.to_hex())
                             .bind(now)
                             .bind(now.saturating_add(window))
                             .bind(now.saturating_add(retention))
+                            .bind(now)
                             .bind(&method)
                             .bind(&path)
                             .bind(content_type.as_deref())

@@ -3,7 +3,7 @@
 //! An application built on [`axum_idempotency`]: an example bank whose
 //! `POST /v1/transfers` (one transaction) and `POST /v1/payments`
 //! (multi-step, through an external payment processor) keep the
-//! Idempotency-Key contract, on SQLite (default) or PostgreSQL. It is the
+//! Idempotency-Key contract, on SQLite (default), PostgreSQL or MySQL/MariaDB. It is the
 //! template a team copies: the engine is the library, and what is here is
 //! what every application writes for itself.
 //!

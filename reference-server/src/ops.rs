@@ -207,10 +207,15 @@ async fn probe_write(state: &AppState) -> axum_idempotency::Result<()> {
     let now = state.clock.now_ms();
     let mut tx = store.begin().await?;
     let wrote = axum_idempotency::with_conn!(&mut tx, c => {
-        sqlx::query(
+        let upsert = if axum_idempotency::store::is_mysql(&*c) {
             "INSERT INTO readiness_probe (id, probed_at) VALUES (1, $1) \
-             ON CONFLICT (id) DO UPDATE SET probed_at = excluded.probed_at",
-        )
+             ON DUPLICATE KEY UPDATE probed_at = $2"
+        } else {
+            "INSERT INTO readiness_probe (id, probed_at) VALUES (1, $1) \
+             ON CONFLICT (id) DO UPDATE SET probed_at = $2"
+        };
+        sqlx::query(&axum_idempotency::store::sql(&*c, upsert))
+        .bind(now)
         .bind(now)
         .execute(&mut *c)
         .await

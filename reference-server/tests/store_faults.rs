@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use idem_test_support::{ChildServer, PgCluster, TempDir, Tmpfs};
+use idem_test_support::{ChildServer, MariaDb, PgCluster, TempDir, Tmpfs};
 use sqlx::Connection;
 use tokio::time::Instant;
 
@@ -289,6 +289,44 @@ async fn sqlite_locked_by_another_process_is_a_503_within_the_busy_bound() {
     drop(server);
 }
 
+/// A database a test can crash and bring back under a running server.
+trait Outage: Send + Sync + 'static {
+    fn url(&self) -> String;
+    fn stop_immediate(&self);
+    fn start_again(&self);
+    fn name(&self) -> &'static str;
+}
+
+impl Outage for PgCluster {
+    fn url(&self) -> String {
+        PgCluster::url(self)
+    }
+    fn stop_immediate(&self) {
+        PgCluster::stop_immediate(self);
+    }
+    fn start_again(&self) {
+        PgCluster::start_again(self);
+    }
+    fn name(&self) -> &'static str {
+        "PostgreSQL"
+    }
+}
+
+impl Outage for MariaDb {
+    fn url(&self) -> String {
+        MariaDb::url(self)
+    }
+    fn stop_immediate(&self) {
+        MariaDb::stop_immediate(self);
+    }
+    fn start_again(&self) {
+        MariaDb::start_again(self);
+    }
+    fn name(&self) -> &'static str {
+        "MariaDB"
+    }
+}
+
 // clause: idem.store.fail-closed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_mid_load_fails_fast_and_the_first_write_after_it_returns_succeeds() {
@@ -298,7 +336,60 @@ async fn postgres_stopped_mid_load_fails_fast_and_the_first_write_after_it_retur
     else {
         return;
     };
-    let cluster = Arc::new(cluster);
+    stopped_mid_load(Arc::new(cluster)).await;
+}
+
+// clause: idem.store.fail-closed
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mariadb_stopped_mid_load_fails_fast_and_the_first_write_after_it_returns_succeeds() {
+    let Some(db) = tokio::task::spawn_blocking(|| MariaDb::start("mariadb_stopped"))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    stopped_mid_load(Arc::new(db)).await;
+}
+
+// clause: idem.store.fail-closed
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_mariadb_is_a_503_and_writes_resume_when_it_is_writable() {
+    let Some(db) = tokio::task::spawn_blocking(|| MariaDb::start("mariadb_read_only"))
+        .await
+        .unwrap()
+    else {
+        return;
+    };
+    let server = start_server(&db.url(), &[]).await;
+    let (client, base) = (http(), server.base_url().to_owned());
+    let before = shoot(&client, &base, "ro-before").await;
+    assert_eq!(before.status, Some(201), "{before:?}");
+    db.root_sql("SET GLOBAL read_only = 1");
+    let during = shoot(&client, &base, "ro-during").await;
+    assert!(during.is_fail_fast_503(), "{during:?}");
+    assert!(during.took < ANSWER_BOUND, "{during:?}");
+    // Readiness writes a row, so a read-only store is not ready.
+    wait_status(&client, &format!("{base}/readyz"), 503).await;
+    // A replay is a read: still served.
+    let replay = shoot(&client, &base, "ro-before").await;
+    assert_eq!(replay.status, Some(201), "{replay:?}");
+    db.root_sql("SET GLOBAL read_only = 0");
+    let after = shoot(&client, &base, "ro-during").await;
+    assert_eq!(
+        after.status,
+        Some(201),
+        "the same key, once writable: {after:?}"
+    );
+    wait_status(&client, &format!("{base}/readyz"), 200).await;
+    settle_and_count(&client, &base, &[before, during, after]).await;
+    drop(server);
+}
+
+/// Keyed load through one server while `db` is killed and brought back:
+/// every answer in the outage is a 201 committed before it or a fail-fast
+/// 503 with Retry-After, the first write after the database returns
+/// succeeds without restarting the server, and every key moved money once.
+async fn stopped_mid_load(cluster: Arc<dyn Outage>) {
     let server = start_server(&cluster.url(), &[]).await;
     let (client, base) = (http(), server.base_url().to_owned());
     let shots = Arc::new(Mutex::new(Vec::<Shot>::new()));
@@ -418,9 +509,10 @@ async fn postgres_stopped_mid_load_fails_fast_and_the_first_write_after_it_retur
         "first success {first_success:?} after the store returned"
     );
     eprintln!(
-        "PostgreSQL outage: {} requests, {} answered 503; first 503 {first_503:?} after the stop, \
-         slowest 503 took {slowest_503:?}; pg_ctl start took {:?}; first success {first_success:?} \
+        "{} outage: {} requests, {} answered 503; first 503 {first_503:?} after the stop, \
+         slowest 503 took {slowest_503:?}; the restart took {:?}; first success {first_success:?} \
          after the store accepted connections",
+        cluster.name(),
         shots.len(),
         shots.iter().filter(|s| s.status == Some(503)).count(),
         up_at - started_at,

@@ -16,7 +16,8 @@
 //!   test of a crate that cannot use `env!("CARGO_BIN_EXE_...")`.
 //! - [`TempDir`]: a directory under the system temp dir, removed on drop.
 //! - [`mod@pg`]: [`PgCluster`], a PostgreSQL cluster of a test's own, to
-//!   stop and start under a running server.
+//!   stop and start under a running server; [`mod@mariadb`]: [`MariaDb`],
+//!   the same for MariaDB (and to make read-only).
 //! - [`Tmpfs`]: a small tmpfs mounted for one test (root only), to fill a
 //!   filesystem for real.
 //! - [`skip_without`]: what a test does when a component it needs is
@@ -25,6 +26,7 @@
 
 pub mod child;
 pub mod db;
+pub mod mariadb;
 pub mod pg;
 
 use std::collections::BTreeMap;
@@ -33,7 +35,8 @@ use std::process::Stdio;
 use std::sync::{Mutex, OnceLock};
 
 pub use child::{ChildServer, READY_PREFIX, SpawnError};
-pub use db::{Backend, TestDb};
+pub use db::{Backend, MYSQL_URL_ENV, TestDb, mysql_url_with_database};
+pub use mariadb::MariaDb;
 pub use pg::PgCluster;
 
 /// The variable `.ci/run` exports (`IDEM_CI=1`): with it, or with the

@@ -105,6 +105,80 @@ impl PgCluster {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// The port it listens on (127.0.0.1).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A streaming standby of `primary`: `pg_basebackup -R -X stream` (the
+    /// standby signal file and its `primary_conninfo` written for it) into
+    /// a directory of its own, started on a free port.
+    ///
+    /// # Panics
+    /// When the base backup or the start fails.
+    pub fn standby_of(primary: &PgCluster) -> Self {
+        let dir = TempDir::new("idem-pgs");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("no free port: {e}"));
+        let standby = Self {
+            bin: primary.bin.clone(),
+            dir,
+            port,
+            as_postgres: primary.as_postgres,
+        };
+        if standby.as_postgres {
+            standby.run_plain("chown", &["-R", "postgres:postgres", &standby.dir_str()]);
+        }
+        standby.run(
+            "pg_basebackup",
+            &[
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &primary.port.to_string(),
+                "-U",
+                "postgres",
+                "-D",
+                &standby.data(),
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ],
+        );
+        standby.start_again();
+        standby
+    }
+
+    /// Promotes a standby to primary (`pg_ctl promote -w`).
+    ///
+    /// # Panics
+    /// When `pg_ctl promote` fails.
+    pub fn promote(&self) {
+        self.run("pg_ctl", &["-D", &self.data(), "-w", "promote"]);
+    }
+
+    /// Kills the postmaster with SIGKILL: no shutdown at all, its backends
+    /// exit when they notice, nothing more is sent to a standby.
+    ///
+    /// # Panics
+    /// When the postmaster's pid cannot be read.
+    pub fn kill(&self) {
+        let pid_file = std::fs::read_to_string(self.dir.join("data").join("postmaster.pid"))
+            .unwrap_or_else(|e| panic!("postmaster.pid: {e}"));
+        let pid = pid_file
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        self.run_plain("kill", &["-KILL", &pid]);
+    }
+
     /// The directory holding the cluster (data, log, socket).
     pub fn path(&self) -> &Path {
         self.dir.path()

@@ -132,21 +132,24 @@
 //!   transaction per takeover and per intent recorded before a foreign call.
 
 // Each store behind its cargo feature, so an application compiles only the
-// sqlx driver it uses; `Store` (either, chosen at run time) needs both.
-#[cfg(all(feature = "sqlite", feature = "postgres"))]
-mod either;
+// sqlx drivers it uses; `Store` (any of them, chosen at run time) is
+// generated from the one list in `seam`.
+mod dialect;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 mod ops;
 mod options;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(test)]
 pub(crate) mod scripted;
+mod seam;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 
-#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+#[cfg(not(any(feature = "sqlite", feature = "postgres", feature = "mysql")))]
 compile_error!(
-    "axum-idempotency needs a store: enable its `sqlite` or `postgres` feature (or both)"
+    "axum-idempotency needs a store: enable its `sqlite`, `postgres` or `mysql` feature"
 );
 
 use std::future::Future;
@@ -159,13 +162,30 @@ use crate::clock::Millis;
 use crate::error::Result;
 use crate::key::{Fence, KeyId};
 
-#[cfg(all(feature = "sqlite", feature = "postgres"))]
-pub use either::{DbConn, DbTx, Store};
+pub use dialect::{Dialect, is_mysql, sql};
+#[cfg(feature = "mysql")]
+pub use mysql::{MySqlStore, MySqlTx};
 pub use options::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, StoreOptions};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgStore, PgTx};
+pub use seam::{DbConn, DbTx, Store, StoreBackend};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteTx};
+
+/// A key no request can send (a caller with a control character), for the
+/// stores' start-up claim checks.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) fn probe_id() -> Result<KeyId> {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let key = idem_spec::IdempotencyKey::parse(&format!("claim-check-{n}-{}", std::process::id()))
+        .map_err(|e| crate::Error::Internal(format!("claim check key: {e}")))?;
+    Ok(KeyId::new(
+        crate::Caller::new("\u{1f}axum-idempotency claim check"),
+        key,
+    ))
+}
 
 /// One header of a stored response. Values that are not visible ASCII are
 /// kept as hex so a replay is byte-for-byte even then.
@@ -401,6 +421,10 @@ pub enum SingleTx<Tx> {
     Deferred,
     /// Another transaction holds the key's claim: it is in flight.
     Busy,
+    /// A committed record that may not be replaced exists (a concurrent
+    /// request won since the observation): observe again (MySQL, whose
+    /// claim is an insert made before the endpoint runs).
+    Taken,
 }
 
 impl<Tx> SingleTx<Tx> {
@@ -410,6 +434,7 @@ impl<Tx> SingleTx<Tx> {
             Self::Open(tx) => SingleTx::Open(wrap(tx)),
             Self::Deferred => SingleTx::Deferred,
             Self::Busy => SingleTx::Busy,
+            Self::Taken => SingleTx::Taken,
         }
     }
 }
@@ -546,7 +571,14 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
     /// is the database's one writer, taken when the endpoint first asks for
     /// its transaction, so time spent before the first write holds nothing
     /// another key needs.
-    fn begin_single(&self, id: &KeyId) -> impl Future<Output = Result<SingleTx<Self::Tx>>> + Send;
+    ///
+    /// `req` is what the claim would write: MySQL claims here, inserting
+    /// the in-flight row inside the transaction it opens
+    /// ([`SingleTx::Taken`] when a committed record forbids it).
+    fn begin_single(
+        &self,
+        req: &ClaimRequest<'_>,
+    ) -> impl Future<Output = Result<SingleTx<Self::Tx>>> + Send;
 
     /// Inside `tx`, at the end of a single-phase request: claims the key and
     /// records its final `response` in one statement (`INSERT ... ON

@@ -240,11 +240,55 @@ impl PgStore {
         Ok(())
     }
 
-    /// Creates or updates the key table (and the staged-jobs table); safe to
-    /// run at every start, from several processes at once. See
-    /// [`crate::migrate`].
+    /// Creates or updates the key table (and the staged-jobs table), then
+    /// checks that the claim's advisory lock excludes
+    /// ([`PgStore::verify_claim`]); safe to run at every start, from several
+    /// processes at once. See [`crate::migrate`].
     pub async fn migrate(&self) -> Result<()> {
-        crate::migrate::postgres(&self.pool).await
+        crate::migrate::postgres(&self.pool).await?;
+        self.verify_claim().await
+    }
+
+    /// The start-up check that the key's advisory lock excludes: one
+    /// transaction takes a probe key's lock with exactly the statement a
+    /// claim uses, and a second connection's try-lock on it must be
+    /// refused. PostgreSQL-compatible engines have shipped
+    /// `pg_try_advisory_xact_lock` as a stub that always answers "granted";
+    /// on one the in-flight answer would never come and duplicates would
+    /// run side by side, so the store refuses to start
+    /// ([`Error::ClaimUnsafe`](crate::Error::ClaimUnsafe)) rather than trust it.
+    pub async fn verify_claim(&self) -> Result<()> {
+        let probe = super::probe_id()?;
+        let Some(holder) = self.begin_locked(&probe).await? else {
+            return Err(crate::Error::ClaimUnsafe(
+                "PostgreSQL: a fresh probe key's advisory lock was refused to its first taker"
+                    .into(),
+            ));
+        };
+        // A connection of its own, not the pool's: a pool of one must pass too.
+        let mut other =
+            <sqlx::PgConnection as sqlx::Connection>::connect_with(&self.pool.connect_options())
+                .await?;
+        let second = sqlx::raw_sql(&begin_locked_sql(&probe))
+            .execute(&mut other)
+            .await;
+        let refused = match second {
+            Ok(_) => false,
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some(KEY_BUSY_SQLSTATE) => true,
+            Err(e) => return Err(e.into()),
+        };
+        let _ = sqlx::Connection::close(other).await;
+        holder.rollback().await?;
+        if refused {
+            Ok(())
+        } else {
+            Err(crate::Error::ClaimUnsafe(
+                "PostgreSQL: pg_try_advisory_xact_lock granted a key's lock to a second \
+                 connection while a first transaction held it (an engine whose advisory locks \
+                 are stubs); the in-flight answer and the claim's exclusion depend on it"
+                    .into(),
+            ))
+        }
     }
 
     async fn read(&self) -> Result<sqlx::pool::PoolConnection<Postgres>> {
@@ -341,9 +385,9 @@ impl KeyStore for PgStore {
         .await
     }
 
-    async fn begin_single(&self, id: &KeyId) -> Result<SingleTx<Self::Tx>> {
+    async fn begin_single(&self, req: &ClaimRequest<'_>) -> Result<SingleTx<Self::Tx>> {
         crate::metrics::timed(Stage::Claim, async {
-            Ok(match self.begin_locked(id).await? {
+            Ok(match self.begin_locked(req.id).await? {
                 Some(tx) => SingleTx::Open(tx),
                 None => SingleTx::Busy,
             })
@@ -429,6 +473,30 @@ impl KeyStore for PgStore {
 
     async fn oldest_expired(&self, now: Millis) -> Result<Option<Millis>> {
         ops::pg::oldest_expired(&mut *self.read().await?, now).await
+    }
+}
+
+impl super::StoreBackend for PgStore {
+    const NAME: &'static str = "postgres";
+
+    fn accepts(url: &str) -> bool {
+        url.starts_with("postgres://") || url.starts_with("postgresql://")
+    }
+
+    async fn connect_url(url: &str, options: &StoreOptions) -> Result<Self> {
+        Self::connect(url, options).await
+    }
+
+    async fn migrate_store(&self) -> Result<()> {
+        self.migrate().await
+    }
+
+    async fn ping_store(&self) -> Result<()> {
+        self.ping().await
+    }
+
+    async fn close_store(&self) {
+        self.pool.close().await;
     }
 }
 

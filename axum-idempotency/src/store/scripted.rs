@@ -143,7 +143,7 @@ impl KeyStore for Scripted {
         })
     }
 
-    async fn begin_single(&self, _id: &KeyId) -> Result<SingleTx<ScriptTx>> {
+    async fn begin_single(&self, _req: &ClaimRequest<'_>) -> Result<SingleTx<ScriptTx>> {
         self.note("begin_single");
         let answer = self.script().single.pop_front().unwrap_or(Single::Deferred);
         Ok(match answer {

@@ -181,10 +181,52 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// Creates or updates the key table (and the staged-jobs table); safe to
-    /// run at every start. See [`crate::migrate`].
+    /// Creates or updates the key table (and the staged-jobs table), then
+    /// checks that the claim excludes ([`SqliteStore::verify_claim`]); safe
+    /// to run at every start. See [`crate::migrate`].
     pub async fn migrate(&self) -> Result<()> {
-        crate::migrate::sqlite(&self.pool).await
+        crate::migrate::sqlite(&self.pool).await?;
+        self.verify_claim().await
+    }
+
+    /// The start-up check that the claim excludes: while this store holds
+    /// the writer (`BEGIN IMMEDIATE`), a second connection to the same file
+    /// must be refused the write lock at once. A file on a filesystem whose
+    /// locks do not work (some network filesystems) would let two processes
+    /// write at once, so the store refuses to start
+    /// ([`Error::ClaimUnsafe`]). An in-memory database is private to this
+    /// pool, where the writer gate alone excludes: nothing to check.
+    pub async fn verify_claim(&self) -> Result<()> {
+        let options = self.pool.connect_options();
+        let file = options.get_filename().to_owned();
+        // In-memory and shared-cache databases lock tables inside this
+        // process (a second connection waits on SQLite's unlock
+        // notification rather than failing busy): only this pool reaches
+        // them, and the writer gate excludes there.
+        // (sqlx names an in-memory database `file:sqlx-in-memory-N`.)
+        let name = file.to_string_lossy();
+        if name.is_empty() || name == ":memory:" || name.starts_with("file:") {
+            return Ok(());
+        }
+        let holder = self.begin().await?;
+        // Bounded: a second writer that waits instead of failing busy is
+        // excluded too.
+        let second = tokio::time::timeout(
+            self.gate_timeout,
+            second_writer_refused((*options).clone().busy_timeout(Duration::ZERO)),
+        )
+        .await
+        .unwrap_or(Ok(true));
+        holder.rollback().await?;
+        if second? {
+            Ok(())
+        } else {
+            Err(Error::ClaimUnsafe(format!(
+                "SQLite: a second connection to {} took the write lock while this store held \
+                 it; the file's locks do not exclude (a network filesystem?)",
+                file.display()
+            )))
+        }
     }
 
     /// The connection settings this library is tested with: create the file
@@ -282,7 +324,7 @@ impl KeyStore for SqliteStore {
         .await
     }
 
-    async fn begin_single(&self, _id: &KeyId) -> Result<SingleTx<SqliteTx>> {
+    async fn begin_single(&self, _req: &ClaimRequest<'_>) -> Result<SingleTx<SqliteTx>> {
         // The writer lock is the claim: no other transaction can write this
         // key (or anything) while one holds it. So it is taken at the
         // endpoint's first write, not before the endpoint runs: a handler
@@ -369,6 +411,47 @@ impl KeyStore for SqliteStore {
 
     async fn oldest_expired(&self, now: Millis) -> Result<Option<Millis>> {
         ops::sqlite::oldest_expired(&mut *self.read().await?, now).await
+    }
+}
+
+/// Whether a connection of its own (busy timeout zero) is refused SQLite's
+/// write lock: the second half of [`SqliteStore::verify_claim`].
+async fn second_writer_refused(options: SqliteConnectOptions) -> Result<bool> {
+    use sqlx::{Connection, Executor};
+    let mut other = sqlx::SqliteConnection::connect_with(&options).await?;
+    let refused = match other.execute("BEGIN IMMEDIATE").await {
+        Ok(_) => {
+            let _ = other.execute("ROLLBACK").await;
+            false
+        }
+        Err(e) if crate::StoreFault::of(&e) == Some(crate::StoreFault::Locked) => true,
+        Err(e) => return Err(Error::from(e)),
+    };
+    let _ = other.close().await;
+    Ok(refused)
+}
+
+impl super::StoreBackend for SqliteStore {
+    const NAME: &'static str = "sqlite";
+
+    fn accepts(url: &str) -> bool {
+        url.starts_with("sqlite:")
+    }
+
+    async fn connect_url(url: &str, options: &StoreOptions) -> Result<Self> {
+        Self::connect(url, options).await
+    }
+
+    async fn migrate_store(&self) -> Result<()> {
+        self.migrate().await
+    }
+
+    async fn ping_store(&self) -> Result<()> {
+        self.ping().await
+    }
+
+    async fn close_store(&self) {
+        self.pool.close().await;
     }
 }
 

@@ -71,7 +71,7 @@ pub async fn app(url: &str) -> Result<Router, axum_idempotency::Error> {
     sqlx::query("CREATE TABLE IF NOT EXISTS orders (id BIGSERIAL PRIMARY KEY, owner TEXT NOT NULL, item TEXT NOT NULL)")
         .execute(match &store {
             Store::Postgres(s) => s.pool(),
-            Store::Sqlite(_) => return Err(axum_idempotency::Error::Config("a postgres:// URL".into())),
+            _ => return Err(axum_idempotency::Error::Config("a postgres:// URL".into())),
         })
         .await?;
     tokio::spawn(axum_idempotency::reaper::run(

@@ -40,10 +40,17 @@ pub async fn seed(store: &Store, callers: impl IntoIterator<Item = &str>) -> Res
     for caller in callers {
         for name in ["main", "savings"] {
             with_pool!(store, p => {
-                sqlx::query(
+                // An insert that leaves an existing row alone: MySQL spells it
+                // ON DUPLICATE KEY UPDATE (INSERT IGNORE would also swallow
+                // other errors).
+                let insert = if axum_idempotency::store::is_mysql(p) {
                     "INSERT INTO accounts (id, owner, name, balance) VALUES ($1, $2, $3, $4) \
-                     ON CONFLICT (id) DO NOTHING",
-                )
+                     ON DUPLICATE KEY UPDATE id = id"
+                } else {
+                    "INSERT INTO accounts (id, owner, name, balance) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (id) DO NOTHING"
+                };
+                sqlx::query(&axum_idempotency::store::sql(p, insert))
                 .bind(format!("acc_{caller}_{name}"))
                 .bind(caller)
                 .bind(name)
@@ -63,7 +70,8 @@ async fn fetch(app: &AppState, owner: &str, id: Option<&str>) -> Result<Vec<Acco
         "SELECT id, name, balance FROM accounts WHERE owner = $1 ORDER BY id"
     };
     with_pool!(&app.store, p => {
-        let mut q = sqlx::query(sql).bind(owner);
+        let text = axum_idempotency::store::sql(p, sql);
+        let mut q = sqlx::query(&text).bind(owner);
         if let Some(id) = id {
             q = q.bind(id);
         }

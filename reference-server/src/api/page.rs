@@ -22,7 +22,9 @@ use crate::error::{Error, Result};
 /// cursor. `select` is `SELECT … FROM table WHERE owner = $1`; `filters`
 /// are column names fixed by the endpoint (never taken from the query
 /// string), each `= $n`. Binds, in order: the owner, each filter's value,
-/// then (when `after`) the cursor's `created_at` and `id`, then the limit.
+/// then (when `after`) the cursor's `created_at` twice and its `id`, then
+/// the limit. Each placeholder appears once and in order, so the text also
+/// runs on MySQL's `?` (`axum_idempotency::store::sql`).
 pub fn statements(table: &str, select: &str, filters: &[&str], after: bool) -> (String, String) {
     let mut filter = String::new();
     let mut n = 1;
@@ -36,11 +38,12 @@ pub fn statements(table: &str, select: &str, filters: &[&str], after: bool) -> (
         // The >= lets the index range start at the cursor; the OR breaks
         // ties on created_at by id.
         page.push_str(&format!(
-            " AND created_at >= ${a} AND (created_at > ${a} OR id > ${b})",
+            " AND created_at >= ${a} AND (created_at > ${b} OR id > ${c})",
             a = n + 1,
-            b = n + 2
+            b = n + 2,
+            c = n + 3
         ));
-        n += 2;
+        n += 3;
     }
     page.push_str(&format!(" ORDER BY created_at, id LIMIT ${}", n + 1));
     (count, page)

@@ -51,7 +51,7 @@ use axum_idempotency::clock::Clock;
 use axum_idempotency::failpoint::Position;
 use axum_idempotency::jobs::Deliver;
 use axum_idempotency::multistep::{MultiStep, Next, Phase, Points};
-use axum_idempotency::store::{StagedJob, StagedJobs};
+use axum_idempotency::store::{StagedJob, StagedJobs, is_mysql, sql};
 use axum_idempotency::{RecoveryPoint, Store, with_conn, with_pool};
 use serde::{Deserialize, Serialize};
 use sqlx::Row;
@@ -286,11 +286,11 @@ async fn insert_payment(p: &mut Phase<'_, Store>) -> Result<Next<Point>> {
     );
     let tx = p.tx().await?;
     with_conn!(tx, c => {
-        sqlx::query(
+        sqlx::query(&sql(&*c,
             "INSERT INTO payments (id, owner, idempotency_key, amount, currency, source, \
              description, status, outbound_key, generation, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10, $10)",
-        )
+             VALUES ($1, $2, $3, $4, $5, $6, $7, 'pending', $8, $9, $10, $11)",
+        ))
         .bind(&id)
         .bind(&caller)
         .bind(&key)
@@ -300,6 +300,7 @@ async fn insert_payment(p: &mut Phase<'_, Store>) -> Result<Next<Point>> {
         .bind(&req.description)
         .bind(outbound.as_str())
         .bind(generation)
+        .bind(now)
         .bind(now)
         .execute(&mut *c)
         .await?;
@@ -317,13 +318,13 @@ impl Payments {
         let (generation, now) = (p.generation(), p.now());
         let tx = p.tx().await?;
         with_conn!(tx, c => {
-            sqlx::query(
-                "UPDATE payments SET charge_attempts = charge_attempts + 1, generation = $2, \
-                 updated_at = $3 WHERE id = $1",
-            )
-            .bind(&id)
+            sqlx::query(&sql(&*c,
+                "UPDATE payments SET charge_attempts = charge_attempts + 1, generation = $1, \
+                 updated_at = $2 WHERE id = $3",
+            ))
             .bind(generation)
             .bind(now)
+            .bind(&id)
             .execute(&mut *c)
             .await?;
         });
@@ -354,14 +355,14 @@ impl Payments {
             ChargeOutcome::Charged(charge) => {
                 let tx = p.tx().await?;
                 with_conn!(tx, c => {
-                    sqlx::query(
-                        "UPDATE payments SET status = 'charged', charge_id = $2, generation = $3, \
-                         updated_at = $4 WHERE id = $1",
-                    )
-                    .bind(&id)
+                    sqlx::query(&sql(&*c,
+                        "UPDATE payments SET status = 'charged', charge_id = $1, generation = $2, \
+                         updated_at = $3 WHERE id = $4",
+                    ))
                     .bind(&charge.id)
                     .bind(generation)
                     .bind(now)
+                    .bind(&id)
                     .execute(&mut *c)
                     .await?;
                 });
@@ -371,15 +372,15 @@ impl Payments {
                 let code = charge.failure_code.clone().unwrap_or_default();
                 let tx = p.tx().await?;
                 with_conn!(tx, c => {
-                    sqlx::query(
-                        "UPDATE payments SET status = 'declined', charge_id = $2, \
-                         failure_code = $3, generation = $4, updated_at = $5 WHERE id = $1",
-                    )
-                    .bind(&id)
+                    sqlx::query(&sql(&*c,
+                        "UPDATE payments SET status = 'declined', charge_id = $1, \
+                         failure_code = $2, generation = $3, updated_at = $4 WHERE id = $5",
+                    ))
                     .bind(&charge.id)
                     .bind(&code)
                     .bind(generation)
                     .bind(now)
+                    .bind(&id)
                     .execute(&mut *c)
                     .await?;
                 });
@@ -421,16 +422,16 @@ async fn finish(p: &mut Phase<'_, Store>) -> Result<Next<Point>> {
     let store = p.store().clone();
     let tx = p.tx().await?;
     let payment = with_conn!(tx, c => {
-        sqlx::query(
-            "UPDATE payments SET status = 'succeeded', generation = $2, updated_at = $3 \
-             WHERE id = $1",
-        )
-        .bind(&id)
+        sqlx::query(&sql(&*c,
+            "UPDATE payments SET status = 'succeeded', generation = $1, updated_at = $2 \
+             WHERE id = $3",
+        ))
         .bind(generation)
         .bind(now)
+        .bind(&id)
         .execute(&mut *c)
         .await?;
-        let row = sqlx::query(&format!("{SELECT_PAYMENTS} AND id = $2"))
+        let row = sqlx::query(&sql(&*c, &format!("{SELECT_PAYMENTS} AND id = $2")))
             .bind(&caller)
             .bind(&id)
             .fetch_one(&mut *c)
@@ -598,14 +599,15 @@ pub async fn list_payments(
     let (count_sql, page_sql) =
         page::statements("payments", SELECT_PAYMENTS, &columns, after.is_some());
     let (count, rows) = with_pool!(&app.store, p => {
-        let mut c = sqlx::query_scalar::<_, i64>(&count_sql).bind(&caller.0);
-        let mut q = sqlx::query(&page_sql).bind(&caller.0);
+        let (count_text, page_text) = (sql(p, &count_sql), sql(p, &page_sql));
+        let mut c = sqlx::query_scalar::<_, i64>(&count_text).bind(&caller.0);
+        let mut q = sqlx::query(&page_text).bind(&caller.0);
         for (_, v) in &filters {
             c = c.bind(*v);
             q = q.bind(*v);
         }
         if let Some(a) = &after {
-            q = q.bind(a.created_at).bind(&a.id);
+            q = q.bind(a.created_at).bind(a.created_at).bind(&a.id);
         }
         let count = c.fetch_one(p).await?;
         let rows = q.bind(i64::from(limit) + 1).fetch_all(p).await?;
@@ -640,9 +642,9 @@ pub async fn get_payment(
     caller: Principal,
     Path(id): Path<String>,
 ) -> Result<Json<Payment>> {
-    let sql = format!("{SELECT_PAYMENTS} AND id = $2");
+    let select = format!("{SELECT_PAYMENTS} AND id = $2");
     let payment = with_pool!(&app.store, p => {
-        let row = sqlx::query(&sql).bind(&caller.0).bind(&id).fetch_optional(p).await?;
+        let row = sqlx::query(&sql(p, &select)).bind(&caller.0).bind(&id).fetch_optional(p).await?;
         row.as_ref().map(decode).transpose()?
     });
     payment
@@ -686,11 +688,12 @@ pub async fn list_receipts(
         if after.is_some() { 3 } else { 2 }
     );
     let (count, receipts) = with_pool!(&app.store, p => {
-        let count = sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM receipts WHERE owner = $1")
+        let count = sqlx::query_scalar::<_, i64>(&sql(p, "SELECT COUNT(*) FROM receipts WHERE owner = $1"))
             .bind(&caller.0)
             .fetch_one(p)
             .await?;
-        let mut q = sqlx::query(&page_sql).bind(&caller.0);
+        let page_text = sql(p, &page_sql);
+        let mut q = sqlx::query(&page_text).bind(&caller.0);
         if let Some(job) = after {
             q = q.bind(job);
         }
@@ -757,10 +760,15 @@ impl Deliver<Store> for Receipts {
             axum_idempotency::Error::Internal(format!("staged job {} unreadable: {e}", job.id))
         })?;
         with_conn!(tx, c => {
-            sqlx::query(
+            // A redelivered job is absorbed by the primary key.
+            let insert = if is_mysql(&*c) {
                 "INSERT INTO receipts (job_id, payment_id, owner, amount, currency, enqueued_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (job_id) DO NOTHING",
-            )
+                 VALUES ($1, $2, $3, $4, $5, $6) ON DUPLICATE KEY UPDATE job_id = job_id"
+            } else {
+                "INSERT INTO receipts (job_id, payment_id, owner, amount, currency, enqueued_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (job_id) DO NOTHING"
+            };
+            sqlx::query(&sql(&*c, insert))
             .bind(job.id)
             .bind(&p.payment_id)
             .bind(&p.owner)

@@ -19,7 +19,7 @@ use utoipa::ToSchema;
 
 use super::AppState;
 use super::json::ApiJson;
-use axum_idempotency::store::DbConn;
+use axum_idempotency::store::{DbConn, sql};
 use axum_idempotency::{IdemTx, Store, with_conn, with_pool};
 
 use super::auth::Principal;
@@ -120,9 +120,12 @@ const LOCK_POSTGRES: &str =
 // `balance >= amount` on the debited row keeps an overdraft impossible even if
 // the read above were ever wrong: then fewer than two rows change, and the
 // handler answers 5xx, which rolls the whole transaction back.
+// Each placeholder once and in order, so MySQL's `?` binds the same values
+// (see `axum_idempotency::store::sql`): from, amount, amount, owner, from,
+// to, from, amount.
 const MOVE: &str = "UPDATE accounts \
-     SET balance = CASE WHEN id = $2 THEN balance - $1 ELSE balance + $1 END \
-     WHERE owner = $4 AND id IN ($2, $3) AND (id <> $2 OR balance >= $1)";
+     SET balance = CASE WHEN id = $1 THEN balance - $2 ELSE balance + $3 END \
+     WHERE owner = $4 AND id IN ($5, $6) AND (id <> $7 OR balance >= $8)";
 const INSERT: &str = "INSERT INTO transfers \
      (id, owner, from_account, to_account, amount, memo, created_at, idempotency_key) \
      VALUES ($1, $2, $3, $4, $5, $6, $7, $8)";
@@ -161,12 +164,14 @@ pub async fn create_transfer(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let mut tx = tx.lock().await?;
+    // MySQL takes the PostgreSQL statement: InnoDB locks the rows it returns
+    // (READ COMMITTED, so no gap locks), in id order.
     let lock = match tx.conn() {
         DbConn::Sqlite(_) => LOCK_SQLITE,
-        DbConn::Postgres(_) => LOCK_POSTGRES,
+        _ => LOCK_POSTGRES,
     };
     with_conn!(&mut *tx, c => {
-        let rows = sqlx::query(lock)
+        let rows = sqlx::query(&sql(&*c, lock))
             .bind(&caller.0)
             .bind(&req.from)
             .bind(&req.to)
@@ -195,11 +200,15 @@ pub async fn create_transfer(
                 req.from
             )));
         }
-        let moved = sqlx::query(MOVE)
+        let moved = sqlx::query(&sql(&*c, MOVE))
+            .bind(&req.from)
             .bind(req.amount)
+            .bind(req.amount)
+            .bind(&caller.0)
             .bind(&req.from)
             .bind(&req.to)
-            .bind(&caller.0)
+            .bind(&req.from)
+            .bind(req.amount)
             .execute(&mut *c)
             .await?
             .rows_affected();
@@ -208,7 +217,7 @@ pub async fn create_transfer(
             // bug, so answer 5xx: the layer rolls back the debit with the claim.
             return Err(Error::Internal(format!("transfer changed {moved} account rows, not 2")));
         }
-        sqlx::query(INSERT)
+        sqlx::query(&sql(&*c, INSERT))
             .bind(&id)
             .bind(&caller.0)
             .bind(&req.from)
@@ -293,14 +302,15 @@ pub async fn list_transfers(
     let (count_sql, page_sql) =
         page::statements("transfers", SELECT_TRANSFERS, filters, after.is_some());
     let (count, rows) = with_pool!(&app.store, p => {
-        let mut c = sqlx::query_scalar::<_, i64>(&count_sql).bind(&caller.0);
-        let mut q = sqlx::query(&page_sql).bind(&caller.0);
+        let (count_text, page_text) = (sql(p, &count_sql), sql(p, &page_sql));
+        let mut c = sqlx::query_scalar::<_, i64>(&count_text).bind(&caller.0);
+        let mut q = sqlx::query(&page_text).bind(&caller.0);
         if let Some(m) = memo {
             c = c.bind(m);
             q = q.bind(m);
         }
         if let Some(a) = &after {
-            q = q.bind(a.created_at).bind(&a.id);
+            q = q.bind(a.created_at).bind(a.created_at).bind(&a.id);
         }
         let count = c.fetch_one(p).await?;
         let rows = q.bind(i64::from(limit) + 1).fetch_all(p).await?;
@@ -343,9 +353,9 @@ pub async fn get_transfer(
 
 /// Reads one transfer by id, bound to its owner.
 async fn fetch_one(app: &AppState, owner: &str, id: &str) -> Result<Option<Transfer>> {
-    let sql = format!("{SELECT_TRANSFERS} AND id = $2");
+    let select = format!("{SELECT_TRANSFERS} AND id = $2");
     with_pool!(&app.store, p => {
-        let row = sqlx::query(&sql).bind(owner).bind(id).fetch_optional(p).await?;
+        let row = sqlx::query(&sql(p, &select)).bind(owner).bind(id).fetch_optional(p).await?;
         row.as_ref().map(decode).transpose()
     })
 }

@@ -187,7 +187,7 @@ async fn gated(
     if gate.writes.load(Ordering::SeqCst) {
         let mut tx = tx.lock().await?;
         with_conn!(&mut *tx, c => {
-            sqlx::query("UPDATE accounts SET balance = balance + 1 WHERE id = $1")
+            sqlx::query(&axum_idempotency::store::sql(&*c, "UPDATE accounts SET balance = balance + 1 WHERE id = $1"))
                 .bind(format!("acc_{}_main", caller.0))
                 .execute(&mut *c)
                 .await?;
