@@ -96,11 +96,11 @@ const fn known(id: &str) -> bool {
 /// An ID the contract does not define is a compile error:
 ///
 /// ```compile_fail
-/// let _ = idem_conformance::clause!("idem.scope");
+/// let _ = idem_conformance_core::clause!("idem.scope");
 /// ```
 ///
 /// ```
-/// assert_eq!(idem_conformance::clause!("idem.scope.caller").as_str(), "idem.scope.caller");
+/// assert_eq!(idem_conformance_core::clause!("idem.scope.caller").as_str(), "idem.scope.caller");
 /// ```
 #[macro_export]
 macro_rules! clause {
