@@ -79,7 +79,7 @@ pub enum Command {
         /// http(s) URL, JSON or YAML: every operation declaring an
         /// Idempotency-Key header (or named by --keyed) becomes an endpoint,
         /// security schemes become caller headers to fill in, the key
-        /// header's schema (format uuid, maxLength) the [key] grammar.
+        /// header's schema (format uuid, maxLength) the `[key]` grammar.
         #[arg(long, value_name = "FILE_OR_URL")]
         from_openapi: Option<String>,
         /// Treat this operation as keyed though the document does not

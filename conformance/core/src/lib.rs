@@ -6,7 +6,7 @@
 //! fault-injecting API. Both judge the same contract, so everything that
 //! turns observations into a result lives here, once:
 //!
-//! - [`clause`]: clause IDs checked against the contract at compile time
+//! - [`clause`](mod@clause): clause IDs checked against the contract at compile time
 //!   ([`clause!`]);
 //! - [`verdict`]: **the severity rule** and the verdict of one check;
 //! - [`waivers`]: waiver matching and staleness;
