@@ -9,7 +9,9 @@
 //! answer meanwhile is a `503 upstream_unavailable` counted
 //! `store_unavailable`, never
 //! `server_error_released`. Then the fault is removed and the same process
-//! answers `201` again, without a restart.
+//! answers `201` again, without a restart. And `IdemReaperFailing` fires
+//! for a fifth server whose reaper passes (every second) all fail on a
+//! locked SQLite store, and resolves once the lock is released.
 //!
 //! The rule's `for: 5m` is not waited out: pending is the state the rule's
 //! expression being true puts an alert in, and firing follows from it by
@@ -30,6 +32,8 @@ use tokio::time::Instant;
 const GUARD: Duration = Duration::from_secs(45);
 
 const ALERT: &str = "IdemStoreUnavailable";
+
+const REAPER_ALERT: &str = "IdemReaperFailing";
 
 const TEST: &str = "every_store_fault_puts_the_store_outage_alert_pending";
 
@@ -209,10 +213,11 @@ async fn transfer(client: &reqwest::Client, base: &str, key: &str) -> (Option<u1
     }
 }
 
-async fn start_server(db_url: &str) -> ChildServer {
+async fn start_server(db_url: &str, extra: &[&str]) -> ChildServer {
     let server = ChildServer::command(env!("CARGO_BIN_EXE_idem-server"))
         .args(["--listen", "127.0.0.1:0", "--database-url", db_url])
         .args(["--max-connections", "4", "--store-timeout-ms", "500"])
+        .args(extra)
         .env("RUST_LOG", "error")
         .start()
         .await
@@ -223,6 +228,36 @@ async fn start_server(db_url: &str) -> ChildServer {
         assert_eq!(s, Some(201), "a write before the fault");
     }
     server
+}
+
+/// Polls `server`'s own `/metrics` until at least `n` reaper passes failed.
+async fn wait_failed_passes(server: &ChildServer, n: f64) {
+    let client = http();
+    let deadline = Instant::now() + GUARD;
+    loop {
+        let text = client
+            .get(format!("{}/metrics", server.base_url()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let failed = text
+            .lines()
+            .find(|l| l.starts_with("idem_reaper_passes_total{result=\"error\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        if failed >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the reaper's passes never failed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// What one fault's run measured.
@@ -356,11 +391,24 @@ async fn every_store_fault_puts_the_store_outage_alert_pending() {
     let dir = TempDir::new("idem-alerts");
     let locked_url = format!("sqlite://{}", dir.join("idem.db").display());
     let full_url = format!("sqlite://{}", fs.join("idem.db").display());
-    let locked = start_server(&locked_url).await;
-    let full = start_server(&full_url).await;
-    let stopped = start_server(&pg_stopped.url()).await;
-    let read_only = start_server(&pg_read_only.url()).await;
-    let servers = [&locked, &full, &stopped, &read_only];
+    let locked = start_server(&locked_url, &[]).await;
+    let full = start_server(&full_url, &[]).await;
+    let stopped = start_server(&pg_stopped.url(), &[]).await;
+    let read_only = start_server(&pg_read_only.url(), &[]).await;
+    // (e) The reaper's passes on a locked SQLite store, every second. The
+    // lock is taken before Prometheus first scrapes this server, so the
+    // Prometheus sees only failing passes: what one that has watched 30
+    // minutes of the fault sees in the rule's window.
+    let reaper_url = format!("sqlite://{}", dir.join("reaper.db").display());
+    let reaper = start_server(&reaper_url, &["--reaper-interval-secs", "1"]).await;
+    let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&reaper_url).unwrap();
+    let mut reaper_lock = sqlx::SqliteConnection::connect_with(&opts).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE")
+        .execute(&mut reaper_lock)
+        .await
+        .unwrap();
+    wait_failed_passes(&reaper, 2.0).await;
+    let servers = [&locked, &full, &stopped, &read_only, &reaper];
     let targets: Vec<String> = servers.iter().map(|s| s.addr().to_string()).collect();
     let prom = Prometheus::start(&binary, &targets).await;
     prom.wait_up(targets.len()).await;
@@ -412,8 +460,37 @@ async fn every_store_fault_puts_the_store_outage_alert_pending() {
         set_read_only(&mut admin2, false).await;
     });
 
+    let e = async {
+        let instance = reaper.addr().to_string();
+        let failing = Instant::now();
+        let state = loop {
+            if let Some(s) = prom.alert_state(REAPER_ALERT, &instance).await {
+                break s;
+            }
+            assert!(failing.elapsed() < GUARD, "{REAPER_ALERT} never fired");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        // No `for`: the rule fires as soon as its expression holds.
+        assert_eq!(state, "firing");
+        let to_firing = failing.elapsed();
+        sqlx::query("ROLLBACK")
+            .execute(&mut reaper_lock)
+            .await
+            .unwrap();
+        // The next pass succeeds and the alert resolves, same process.
+        let healed = Instant::now();
+        while prom.alert_state(REAPER_ALERT, &instance).await.is_some() {
+            assert!(healed.elapsed() < GUARD, "{REAPER_ALERT} never resolved");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        eprintln!(
+            "sqlite-locked reaper: {REAPER_ALERT} firing {to_firing:?} into the drive; \
+             resolved {:?} after the lock was released",
+            healed.elapsed()
+        );
+    };
     let runs = {
-        let (a, b, c, d) = tokio::join!(a, b, c, d);
+        let (a, b, c, d, ()) = tokio::join!(a, b, c, d, e);
         [a, b, c, d]
     };
     for r in &runs {
