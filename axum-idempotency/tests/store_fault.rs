@@ -1,11 +1,13 @@
 //! The one classification of store faults ([`StoreFault`]), on errors the
 //! real databases raise: SQLite locked by another connection, read-only and
 //! out of disk; PostgreSQL read-only, a backend terminated by the
-//! administrator, a refused connection. Each is a `503 upstream_unavailable`
-//! with `Retry-After` and counted `store_unavailable`, whether the engine
-//! meets it or a handler's own query does (wrapped in the application's
-//! error type and rendered with `problem_response`); an error that is not
-//! the store's availability (a constraint violation) stays a `500`.
+//! administrator, a refused connection; MySQL/MariaDB (feature `mysql`) a
+//! lock wait past its bound and a read-only transaction. Each is a
+//! `503 upstream_unavailable` with `Retry-After` and counted
+//! `store_unavailable`, whether the engine meets it or a handler's own
+//! query does (wrapped in the application's error type and rendered with
+//! `problem_response`); an error that is not the store's availability (a
+//! constraint violation) stays a `500`.
 #![allow(clippy::unwrap_used)]
 
 use std::str::FromStr;
@@ -273,4 +275,54 @@ fn an_application_error_without_a_store_cause_is_not_a_fault() {
         Outcome::of_response(&wrapped.render()),
         Outcome::StoreUnavailable
     );
+}
+
+#[cfg(feature = "mysql")]
+#[tokio::test]
+async fn mysql_lock_wait_and_read_only_are_faults() {
+    let Some(db) = TestDb::new(Backend::MySql, "mysql_faults").await else {
+        return;
+    };
+    let mut a = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
+    sqlx::query("CREATE TABLE t (x INT PRIMARY KEY) ENGINE=InnoDB")
+        .execute(&mut a)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO t VALUES (1)")
+        .execute(&mut a)
+        .await
+        .unwrap();
+    let e = sqlx::query("INSERT INTO t VALUES (1)")
+        .execute(&mut a)
+        .await
+        .unwrap_err();
+    assert_not_fault(e);
+    // Another transaction holds the row past the lock wait bound (1205).
+    sqlx::query("BEGIN").execute(&mut a).await.unwrap();
+    sqlx::query("SELECT x FROM t WHERE x = 1 FOR UPDATE")
+        .execute(&mut a)
+        .await
+        .unwrap();
+    let mut b = sqlx::MySqlConnection::connect(&db.url).await.unwrap();
+    sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+        .execute(&mut b)
+        .await
+        .unwrap();
+    let e = sqlx::query("UPDATE t SET x = 2 WHERE x = 1")
+        .execute(&mut b)
+        .await
+        .unwrap_err();
+    assert_fault(e, StoreFault::Locked);
+    sqlx::query("ROLLBACK").execute(&mut a).await.unwrap();
+    // A read-only transaction (what a replica or a fenced primary refuses
+    // writes with: 1792).
+    sqlx::query("START TRANSACTION READ ONLY")
+        .execute(&mut b)
+        .await
+        .unwrap();
+    let e = sqlx::query("INSERT INTO t VALUES (3)")
+        .execute(&mut b)
+        .await
+        .unwrap_err();
+    assert_fault(e, StoreFault::ReadOnly);
 }
