@@ -17,6 +17,15 @@
 //! `Retry-After` (clause `idem.store.fail-closed`). Either way nothing was
 //! stored and the key was not claimed, so a retry with the same key is safe.
 //!
+//! A store fault is classified in one place, [`StoreFault::of`] for a
+//! driver error and [`Error::store_fault`] for this crate's, wherever in a
+//! request the store fails: the engine's read and claim, a handler's own
+//! query on the request's transaction, [`IdemTx::lock`], the commit. An
+//! application's error type that wraps them (`#[from]`, so they stay in
+//! its `source()` chain) and renders with [`problem_response`] is
+//! classified the same way ([`StoreFault::find`]), and its 503s are counted
+//! `store_unavailable` like the engine's own.
+//!
 //! [`IdemTx::lock`]: crate::IdemTx::lock
 //! [`Phase`]: crate::multistep::Phase
 
