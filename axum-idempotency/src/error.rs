@@ -17,6 +17,15 @@
 //! `Retry-After` (clause `idem.store.fail-closed`). Either way nothing was
 //! stored and the key was not claimed, so a retry with the same key is safe.
 //!
+//! A store fault is classified in one place, [`StoreFault::of`] for a
+//! driver error and [`Error::store_fault`] for this crate's, wherever in a
+//! request the store fails: the engine's read and claim, a handler's own
+//! query on the request's transaction, [`IdemTx::lock`], the commit. An
+//! application's error type that wraps them (`#[from]`, so they stay in
+//! its `source()` chain) and renders with [`problem_response`] is
+//! classified the same way ([`StoreFault::find`]), and its 503s are counted
+//! `store_unavailable` like the engine's own.
+//!
 //! [`IdemTx::lock`]: crate::IdemTx::lock
 //! [`Phase`]: crate::multistep::Phase
 
@@ -131,9 +140,10 @@ impl Error {
             Self::MalformedBody(_) => ErrorCode::MalformedBody,
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::Failpoint(_) => ErrorCode::ValidationFailed,
-            Self::Store(e) if StoreFault::of(e).is_some() => ErrorCode::UpstreamUnavailable,
-            Self::Conflict => ErrorCode::UpstreamUnavailable,
+            // The one classification: every store fault is the same 503.
+            e if e.store_fault().is_some() => ErrorCode::UpstreamUnavailable,
             Self::Store(_)
+            | Self::Conflict
             | Self::ClaimUnsafe(_)
             | Self::Migrate(_)
             | Self::Config(_)
@@ -142,7 +152,12 @@ impl Error {
         }
     }
 
-    /// What kind of store unavailability this is, if it is one.
+    /// What kind of store unavailability this is, if it is one: the one
+    /// place an engine error is classified. Its `503 upstream_unavailable`
+    /// with `Retry-After` ([`Error::code`], [`Error::retry_after_secs`])
+    /// and its `store_unavailable` outcome
+    /// ([`Outcome::of_error`](crate::metrics::Outcome::of_error)) all ask
+    /// this.
     pub fn store_fault(&self) -> Option<StoreFault> {
         match self {
             Self::Store(e) => StoreFault::of(e),
@@ -175,8 +190,7 @@ impl Error {
         match self {
             Self::KeyInUse { retry_after_secs } => Some(*retry_after_secs),
             Self::Fenced => Some(1),
-            Self::Store(e) if StoreFault::of(e).is_some() => Some(STORE_RETRY_AFTER_SECS),
-            Self::Conflict => Some(STORE_RETRY_AFTER_SECS),
+            e if e.store_fault().is_some() => Some(STORE_RETRY_AFTER_SECS),
             _ => None,
         }
     }
@@ -307,6 +321,42 @@ impl StoreFault {
         }
     }
 
+    /// Finds the store fault behind any error: `e` itself or one of its
+    /// [`source`](std::error::Error::source)s that is a driver error
+    /// ([`StoreFault::of`]) or this crate's [`Error`]
+    /// ([`Error::store_fault`]). This is how an application's own error
+    /// type (one wrapping `sqlx::Error` from its queries on the
+    /// [`IdemTx`](crate::IdemTx), or this crate's `Error` from
+    /// [`IdemTx::lock`](crate::IdemTx::lock)) is classified exactly like the
+    /// engine's own errors, by [`problem_response`].
+    pub fn find(e: &(dyn std::error::Error + 'static)) -> Option<Self> {
+        // Bounded: a source chain is finite, but a buggy `source()` cycle
+        // must not hang a request.
+        let mut level: Option<&(dyn std::error::Error + 'static)> = Some(e);
+        for _ in 0..32 {
+            let current = level?;
+            if let Some(ours) = current.downcast_ref::<Error>() {
+                return ours.store_fault();
+            }
+            if let Some(driver) = current.downcast_ref::<sqlx::Error>() {
+                return Self::of(driver);
+            }
+            level = current.source();
+        }
+        None
+    }
+
+    /// Marks `response` as answered for this fault, so the engine counts it
+    /// as `store_unavailable` ([`Outcome::of_response`]) whoever built it.
+    /// [`problem_response`] does this itself; an application rendering its
+    /// errors some other way calls it for errors [`StoreFault::find`] finds
+    /// a fault in.
+    ///
+    /// [`Outcome::of_response`]: crate::metrics::Outcome::of_response
+    pub fn mark(self, response: &mut Response) {
+        response.extensions_mut().insert(self);
+    }
+
     /// A few words for logs and the client's `detail`.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -342,10 +392,16 @@ pub(crate) fn fault_suffix(e: &sqlx::Error) -> String {
 /// Renders `problem` (and `Retry-After`), logging `cause` at ERROR for a
 /// 5xx and at DEBUG otherwise. Public so an application's own error type can
 /// answer in exactly the same shape.
+///
+/// When `cause` (or an error in its source chain) is a store fault
+/// ([`StoreFault::find`]), the response is marked with it
+/// ([`StoreFault::mark`]): a handler's own query on the request's
+/// transaction that hit a locked, full, read-only or unreachable store is
+/// counted `store_unavailable`, like the engine's own claim and commit.
 pub fn problem_response(
     problem: &Problem,
     retry_after_secs: Option<u64>,
-    cause: &dyn std::fmt::Display,
+    cause: &(dyn std::error::Error + 'static),
 ) -> Response {
     if problem.status >= 500 {
         tracing::error!(error = %cause, "request failed");
@@ -366,6 +422,9 @@ pub fn problem_response(
     );
     if let Some(secs) = retry_after_secs {
         headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    }
+    if let Some(fault) = StoreFault::find(cause) {
+        fault.mark(&mut response);
     }
     response
 }

@@ -277,13 +277,13 @@ impl Outcome {
             Error::KeyMismatch => Self::Mismatch,
             Error::KeyInUse { .. } => Self::InFlight,
             Error::Fenced => Self::Fenced,
-            Error::Store(s) if StoreFault::of(s).is_some() => Self::StoreUnavailable,
-            Error::Conflict => Self::StoreUnavailable,
+            e if e.store_fault().is_some() => Self::StoreUnavailable,
             Error::Unauthenticated
             | Error::MalformedBody(_)
             | Error::PayloadTooLarge { .. }
             | Error::Failpoint(_) => Self::Rejected,
             Error::Store(_)
+            | Error::Conflict
             | Error::ClaimUnsafe(_)
             | Error::Migrate(_)
             | Error::Config(_)
@@ -294,12 +294,18 @@ impl Outcome {
 
     /// The outcome of a response the engine produced: an engine error
     /// carries its outcome as a response extension (set where errors
-    /// become responses, [`Error::into_response_in`]); a replay carries
-    /// `Idempotent-Replayed`; any other 5xx was not stored; the rest was
-    /// executed and stored.
+    /// become responses, [`Error::into_response_in`]); a response marked
+    /// with a [`StoreFault`] (an application's error rendered with
+    /// [`problem_response`](crate::error::problem_response), or marked with
+    /// [`StoreFault::mark`]) is the store unavailable, wherever in the
+    /// request the store failed; a replay carries `Idempotent-Replayed`;
+    /// any other 5xx was not stored; the rest was executed and stored.
     pub fn of_response(response: &Response<Body>) -> Self {
         if let Some(o) = response.extensions().get::<Outcome>() {
             return *o;
+        }
+        if response.extensions().get::<StoreFault>().is_some() {
+            return Self::StoreUnavailable;
         }
         if response.headers().contains_key("idempotent-replayed") {
             Self::Replayed

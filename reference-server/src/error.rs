@@ -73,8 +73,9 @@ pub enum Error {
     Migrate(#[from] sqlx::migrate::MigrateError),
     /// The idempotency engine failed or refused (a database error inside
     /// it, a settled transaction, ...), rendered exactly as the engine
-    /// renders its own answers.
-    #[error(transparent)]
+    /// renders its own answers. Not `transparent`: the engine's error stays
+    /// in the source chain, where [`StoreFault::find`] classifies it.
+    #[error("{0}")]
     Idempotency(#[from] axum_idempotency::Error),
     /// The payment processor declined: a final outcome, stored and replayed
     /// (clause `idem.failure.final-outcomes`).
@@ -121,7 +122,7 @@ impl Error {
             Self::UpstreamUnavailable { .. } | Self::NotConfigured(_) => {
                 ErrorCode::UpstreamUnavailable
             }
-            Self::Store(e) if StoreFault::of(e).is_some() => ErrorCode::UpstreamUnavailable,
+            e if e.store_fault().is_some() => ErrorCode::UpstreamUnavailable,
             Self::Store(_)
             | Self::Migrate(_)
             | Self::Config(_)
@@ -151,20 +152,19 @@ impl Error {
 
 impl Error {
     /// The store unavailability behind this error, if it is one (answered
-    /// 503 `upstream_unavailable` with `Retry-After`).
+    /// 503 `upstream_unavailable` with `Retry-After`, counted
+    /// `store_unavailable`): the engine's one classification
+    /// ([`StoreFault::find`]), for the server's own queries as for the
+    /// engine's errors.
     pub fn store_fault(&self) -> Option<StoreFault> {
-        match self {
-            Self::Store(e) => StoreFault::of(e),
-            Self::Idempotency(e) => e.store_fault(),
-            _ => None,
-        }
+        StoreFault::find(self)
     }
 
     /// The `Retry-After` seconds this error advertises, if any.
     pub fn retry_after_secs(&self) -> Option<u64> {
         match self {
             Self::Idempotency(e) => e.retry_after_secs(),
-            Self::Store(e) if StoreFault::of(e).is_some() => Some(STORE_RETRY_AFTER_SECS),
+            e if e.store_fault().is_some() => Some(STORE_RETRY_AFTER_SECS),
             Self::UpstreamUnavailable {
                 retry_after_secs, ..
             } => Some(*retry_after_secs),
