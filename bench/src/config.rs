@@ -301,4 +301,3 @@ impl Config {
         self.concurrent || self.stages || self.scenarios.iter().any(|s| s.is_minimal())
     }
 }
-

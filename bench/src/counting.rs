@@ -15,7 +15,7 @@ use crate::load::{self, Load};
 use crate::results::Count;
 use crate::scenario::transfers::prewarm;
 use crate::sqlite_wal::{WalWatch, commits_between};
-use crate::{Result, Error};
+use crate::{Error, Result};
 
 const LOG: &str = "warn,sqlx::query=debug";
 
@@ -73,7 +73,11 @@ pub async fn minimal(
     let mut out = Vec::new();
     for (name, scenarios, extra) in [
         ("count_min.db", &Scenario::MINIMAL[..], &[][..]),
-        ("count_min_full.db", &Scenario::DURABLE[..], &["--synchronous", "full"][..]),
+        (
+            "count_min_full.db",
+            &Scenario::DURABLE[..],
+            &["--synchronous", "full"][..],
+        ),
     ] {
         let ran: Vec<Scenario> = scenarios
             .iter()
@@ -97,7 +101,11 @@ pub async fn minimal(
         )
         .await?;
         for scenario in ran {
-            let tag = 3_000_000 + Scenario::ALL.iter().position(|s| *s == scenario).unwrap_or(0);
+            let tag = 3_000_000
+                + Scenario::ALL
+                    .iter()
+                    .position(|s| *s == scenario)
+                    .unwrap_or(0);
             out.push(count_one(cfg, &app, &db, scenario, tag as u64, progress).await?);
         }
         app.stop().await;

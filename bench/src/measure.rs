@@ -181,7 +181,12 @@ pub fn summarize(
     }
 }
 
-fn per_request(scenario: Scenario, rounds: &[Round], requests: u64, counts: &[Count]) -> PerRequest {
+fn per_request(
+    scenario: Scenario,
+    rounds: &[Round],
+    requests: u64,
+    counts: &[Count],
+) -> PerRequest {
     let per = |total: u64| (requests > 0).then(|| total as f64 / requests as f64);
     let us = 1e6 / procfs::ticks_per_second() as f64;
     let pg: Option<Vec<PgCounters>> = rounds.iter().map(|r| r.pg).collect();

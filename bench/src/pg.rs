@@ -166,7 +166,12 @@ impl Cluster {
     pub async fn durability(&self) -> Result<String> {
         let mut c = self.connect("postgres").await?;
         let mut parts = Vec::new();
-        for name in ["fsync", "synchronous_commit", "wal_sync_method", "full_page_writes"] {
+        for name in [
+            "fsync",
+            "synchronous_commit",
+            "wal_sync_method",
+            "full_page_writes",
+        ] {
             let v: String = sqlx::query_scalar(&format!("SHOW {name}"))
                 .fetch_one(&mut c)
                 .await?;

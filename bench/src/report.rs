@@ -95,7 +95,10 @@ fn durability(m: &mut String, r: &BenchResult) {
     if lines.is_empty() {
         return;
     }
-    let _ = writeln!(m, "\nDurability settings, read from the store during the run:\n");
+    let _ = writeln!(
+        m,
+        "\nDurability settings, read from the store during the run:\n"
+    );
     for (store, d) in lines {
         let _ = writeln!(m, "- {store}: {d}");
     }

@@ -236,7 +236,6 @@ pub struct BenchResult {
     pub targets: Vec<Target>,
 }
 
-
 /// One target (issues 13, 19 and 33) and whether this run met it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Target {

@@ -176,7 +176,11 @@ async fn start(
     } else {
         None
     };
-    let durable = if cfg.scenarios.iter().any(|s| s.is_durable() && s.runs_on(kind)) {
+    let durable = if cfg
+        .scenarios
+        .iter()
+        .any(|s| s.is_durable() && s.runs_on(kind))
+    {
         let url = dbs.url("bench_min_full").await?;
         Some(minimal_app(url, &["--synchronous", "full"]).await?.0)
     } else {

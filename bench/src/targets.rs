@@ -56,9 +56,8 @@ fn pair(
     floor: Option<f64>,
     out: &mut Vec<Target>,
 ) {
-    if !(cfg.scenarios.contains(&a) && cfg.scenarios.contains(&b))
-        || !(a.runs_on(s.store) && b.runs_on(s.store))
-    {
+    let ran = |x: Scenario| cfg.scenarios.contains(&x) && x.runs_on(s.store);
+    if !(ran(a) && ran(b)) {
         return;
     }
     for &c in &cfg.ratio_concurrencies {
