@@ -1,6 +1,6 @@
 //! # idem-bench: what the idempotency layer costs
 //!
-//! The benchmarks of issues 13 and 19. `cargo run --release -p idem-bench` builds
+//! The benchmarks of issues 13, 19 and 33. `cargo run --release -p idem-bench` builds
 //! `idem-server` and `idem-fake-processor` (release), and for SQLite (a
 //! temp file) and PostgreSQL (a throwaway cluster) starts them as child
 //! processes with a baseline server, drives them with a closed-loop load
@@ -18,29 +18,52 @@
 //! - `min-write`, `min-write-plain`, `min-none`, `min-none-plain`: the
 //!   [`minimal`] app (the library wired as its README says), a handler that
 //!   writes one row or nothing, with and without the layer;
+//! - `min-write-full`, `min-write-plain-full`: the minimal write pair on
+//!   SQLite with `synchronous = FULL` (issue 33's durable settings;
+//!   PostgreSQL's cells already run on its default `fsync = on`);
 //!
 //! plus the timed concurrency scenario (150 first executions whose handler
 //! spends 200 ms before its write, all at once) and the minimal app's
 //! per-stage times (`--scenarios` picks any of these).
 //!
-//! Modules: [`load`] the load generator; [`child`] child processes and
-//! binaries; [`baseline`] the layer-less server; [`minimal`] the minimal
-//! app; [`pg`] the throwaway cluster and its counters; [`sqlite_wal`] commits counted in SQLite's
-//! WAL; [`procfs`] CPU and memory from `/proc`; [`mod@run`] one run;
-//! [`report`] targets and Markdown. Linux only (`/proc`).
+//! Modules, in groups that use only the groups above them (no import
+//! cycle; the report never sees the code that runs the benchmark):
+//! - tools: [`load`] the load generator, [`child`] child processes and
+//!   binaries, [`procfs`] CPU and memory from `/proc`, [`pg`] the throwaway
+//!   cluster and its counters, [`mysql`] the shared MySQL server,
+//!   [`sqlite_wal`] commits counted in SQLite's WAL;
+//! - data: [`config`] (stores, scenarios, `--scenarios`, the run's
+//!   [`Config`]), [`results`] (what a run measured, the targets' type);
+//! - what is printed: [`targets`] PASS/MISS from the results, [`report`]
+//!   the Markdown (formatting only);
+//! - the apps under test: [`baseline`] the layer-less server, [`minimal`]
+//!   the minimal app; [`apps`] starts them (and idem-server) for a session;
+//! - what runs: [`scenario`] (one module per scenario family and pass),
+//!   [`measure`] one timed cell and its summary, [`counting`] the SQLite
+//!   counting pass, [`session`] one store, [`mod@run`] the whole run.
+//!
+//! Linux only (`/proc`).
 //!
 //! Nothing here asserts a timing: the benchmark reports, the reader judges.
 
+pub mod apps;
 pub mod baseline;
 pub mod child;
+pub mod config;
+pub mod counting;
 pub mod load;
+pub mod measure;
 pub mod minimal;
 pub mod mysql;
 pub mod pg;
 pub mod procfs;
 pub mod report;
+pub mod results;
 pub mod run;
+pub mod scenario;
+pub mod session;
 pub mod sqlite_wal;
+pub mod targets;
 
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +95,9 @@ impl Error {
 /// This crate's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-pub use run::{BenchResult, Config, Scenario, StoreKind, run};
+pub use config::{Config, Scenario, StoreKind};
+pub use results::BenchResult;
+pub use run::run;
 
 /// Writes `result` as JSON to `json` and as Markdown beside it (`.md`).
 pub fn write(result: &BenchResult, json: &std::path::Path) -> Result<std::path::PathBuf> {

@@ -126,7 +126,7 @@ fn main() -> anyhow::Result<()> {
         Config::full(exe)
     };
     if let Some(names) = &cli.scenarios {
-        idem_bench::run::select(&mut cfg, names).map_err(anyhow::Error::msg)?;
+        idem_bench::config::select(&mut cfg, names).map_err(anyhow::Error::msg)?;
     }
     if let Some(s) = cli.stores {
         cfg.stores = s;

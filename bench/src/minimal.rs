@@ -25,6 +25,12 @@
 //! `idem.endpoint`, `idem.begin`, `idem.record`, as they land in the
 //! library) and this app's own `minimal.request` (the whole request, from
 //! the authentication middleware in) and `minimal.handler` (the handler).
+//!
+//! `--synchronous full` (SQLite only, issue 33) builds the same pool from
+//! the library's public halves, [`SqliteStore::recommended_options`] and
+//! [`SqliteStore::pool_options`], with `synchronous = FULL` (a flush per
+//! commit) instead of the recommended `NORMAL`. `GET /_bench/settings`
+//! answers the durability settings a pool connection actually has.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -38,7 +44,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use axum_idempotency::clock::SystemClock;
 use axum_idempotency::{
-    Caller, Engine, EngineConfig, IdemTx, IdempotencyLayer, Store, StoreOptions,
+    Caller, Engine, EngineConfig, IdemTx, IdempotencyLayer, SqliteStore, Store, StoreOptions,
 };
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
@@ -67,6 +73,68 @@ pub struct MinimalArgs {
     /// Record time per tracing span and serve it at `GET /_bench/stages`.
     #[arg(long)]
     pub stage_times: bool,
+    /// SQLite's `synchronous` setting for every connection of the pool.
+    #[arg(long, value_enum, default_value_t = Synchronous::Normal)]
+    pub synchronous: Synchronous,
+}
+
+/// SQLite's `synchronous` pragma, as the minimal app may set it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Synchronous {
+    /// The library's recommended setting in WAL mode: a commit survives a
+    /// crash of the process, the last ones may be lost on power loss.
+    Normal,
+    /// A flush of the WAL per commit: a commit survives power loss.
+    Full,
+}
+
+/// The pool: `Store::connect_with` as the README says, or with
+/// `--synchronous full` the same two halves it applies, FULL instead of
+/// NORMAL (the library offers no option for it, only these halves).
+async fn connect(args: &MinimalArgs) -> Result<Store> {
+    let options = StoreOptions::default().max_connections(args.max_connections);
+    let url = &args.database_url;
+    let setup = |e: axum_idempotency::Error| Error::Setup(format!("connecting to {url}: {e}"));
+    if args.synchronous == Synchronous::Normal {
+        return Store::connect_with(url, &options).await.map_err(setup);
+    }
+    if !url.starts_with("sqlite:") {
+        return Err(Error::Setup(format!(
+            "--synchronous full is a SQLite setting, not for {url}"
+        )));
+    }
+    let connect = SqliteStore::recommended_options(url)
+        .map_err(setup)?
+        .synchronous(sqlx::sqlite::SqliteSynchronous::Full)
+        .busy_timeout(options.acquire_timeout);
+    let pool = SqliteStore::pool_options(options.acquire_timeout)
+        .max_connections(options.max_connections.max(1))
+        .connect_with(connect)
+        .await?;
+    Ok(Store::Sqlite(SqliteStore::new(pool)))
+}
+
+/// The durability settings of one pool connection, as a line of the report
+/// (SQLite: `journal_mode` and `synchronous`, read back, not assumed).
+async fn settings(store: &Store) -> std::result::Result<String, axum_idempotency::Error> {
+    let Store::Sqlite(s) = store else {
+        return Ok(format!("{}: read from the server", store.backend()));
+    };
+    let mut c = s.pool().acquire().await?;
+    let journal: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut *c)
+        .await?;
+    let level: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&mut *c)
+        .await?;
+    let name = match level {
+        0 => "OFF",
+        1 => "NORMAL",
+        2 => "FULL",
+        3 => "EXTRA",
+        _ => "unknown",
+    };
+    Ok(format!("journal_mode = {journal}, synchronous = {name}"))
 }
 
 #[derive(Clone)]
@@ -216,12 +284,7 @@ async fn auth(mut req: Request, next: Next) -> Response {
 /// Opens the pool, migrates (the key table beside `notes`) and builds the
 /// routes. `stages` adds `GET /_bench/stages`.
 pub async fn app(args: &MinimalArgs, stages: Option<StageTimes>) -> Result<(Router, Store)> {
-    let store = Store::connect_with(
-        &args.database_url,
-        &StoreOptions::default().max_connections(args.max_connections),
-    )
-    .await
-    .map_err(|e| Error::Setup(format!("connecting to {}: {e}", args.database_url)))?;
+    let store = connect(args).await?;
     store
         .migrate()
         .await
@@ -259,6 +322,14 @@ pub async fn app(args: &MinimalArgs, stages: Option<StageTimes>) -> Result<(Rout
         .route("/plain/slow", post(plain_slow))
         .layer(middleware::from_fn(auth))
         .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/_bench/settings",
+            get(|State(app): State<App>| async move {
+                settings(&app.store)
+                    .await
+                    .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+            }),
+        )
         .with_state(state);
     if let Some(stages) = stages {
         router = router.route(

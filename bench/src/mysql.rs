@@ -42,6 +42,21 @@ impl Server {
         })
     }
 
+    /// The settings that decide what a commit waits for, as one line of
+    /// the report, read from the (shared) server.
+    pub async fn durability(&self) -> Result<String> {
+        let mut c = sqlx::MySqlConnection::connect(&self.admin_url).await?;
+        let (flush, binlog): (i64, i64) = sqlx::query_as(
+            "SELECT CAST(@@innodb_flush_log_at_trx_commit AS SIGNED), CAST(@@sync_binlog AS SIGNED)",
+        )
+        .fetch_one(&mut c)
+        .await?;
+        c.close().await.ok();
+        Ok(format!(
+            "innodb_flush_log_at_trx_commit = {flush}, sync_binlog = {binlog} (the shared server's)"
+        ))
+    }
+
     /// Creates database `name` (made unique for this session) and returns
     /// its URL.
     pub async fn create_db(&self, name: &str) -> Result<String> {

@@ -160,6 +160,27 @@ impl Cluster {
         Ok(sqlx::PgConnection::connect(&self.url(db)).await?)
     }
 
+    /// The settings that decide what a commit waits for, as one line of
+    /// the report (`fsync`, `synchronous_commit`, `wal_sync_method`,
+    /// `full_page_writes`), read from the running cluster.
+    pub async fn durability(&self) -> Result<String> {
+        let mut c = self.connect("postgres").await?;
+        let mut parts = Vec::new();
+        for name in [
+            "fsync",
+            "synchronous_commit",
+            "wal_sync_method",
+            "full_page_writes",
+        ] {
+            let v: String = sqlx::query_scalar(&format!("SHOW {name}"))
+                .fetch_one(&mut c)
+                .await?;
+            parts.push(format!("{name} = {v}"));
+        }
+        c.close().await.ok();
+        Ok(parts.join(", "))
+    }
+
     /// Creates database `name` and returns its URL.
     pub async fn create_db(&self, name: &str) -> Result<String> {
         let mut c = self.connect("postgres").await?;

@@ -46,7 +46,7 @@ fn tiny() -> Config {
 async fn a_tiny_run_has_every_cell_and_sane_counters() {
     let mut cfg = tiny();
     // The servers' scenarios (issue 13); the minimal app has its own test.
-    idem_bench::run::select(&mut cfg, &["transfers".into(), "payments".into()]).unwrap();
+    idem_bench::config::select(&mut cfg, &["transfers".into(), "payments".into()]).unwrap();
     let result = idem_bench::run(&cfg, &|line: &str| eprintln!("{line}"))
         .await
         .unwrap();
@@ -75,7 +75,7 @@ async fn a_tiny_run_has_every_cell_and_sane_counters() {
                 assert!(cell.throughput > 0.0 && cell.p99_ms >= cell.p50_ms);
             }
         }
-        let per = |scenario, what: fn(&idem_bench::run::PerRequest) -> Option<f64>| {
+        let per = |scenario, what: fn(&idem_bench::results::PerRequest) -> Option<f64>| {
             let v: Vec<f64> = cfg
                 .concurrencies
                 .iter()
@@ -163,7 +163,7 @@ async fn a_tiny_run_has_every_cell_and_sane_counters() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_minimal_app_answers_every_route_with_one_effect_each() {
     let mut cfg = tiny();
-    idem_bench::run::select(&mut cfg, &["minimal".into(), "concurrent".into()]).unwrap();
+    idem_bench::config::select(&mut cfg, &["minimal".into(), "concurrent".into()]).unwrap();
     assert!(!cfg.needs_servers() && cfg.concurrent && cfg.stages);
     let result = idem_bench::run(&cfg, &|line: &str| eprintln!("{line}"))
         .await
@@ -183,7 +183,7 @@ async fn the_minimal_app_answers_every_route_with_one_effect_each() {
                 s.store, cell.scenario, cell.rounds[0].load.first_error
             );
         }
-        let per = |scenario, what: fn(&idem_bench::run::PerRequest) -> Option<f64>| {
+        let per = |scenario, what: fn(&idem_bench::results::PerRequest) -> Option<f64>| {
             let v: Vec<f64> = cfg
                 .concurrencies
                 .iter()
