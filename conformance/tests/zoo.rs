@@ -89,12 +89,13 @@ fn declare(quirk: Quirk, m: &mut idem_spec::manifest::Manifest) {
         Quirk::FingerprintsTraceparent => {
             m.policy.fingerprint.headers = vec!["traceparent".into()];
         }
+        Quirk::NoRetryAfter => m.profile.absent_headers = vec!["Retry-After".into()],
         _ => {}
     }
 }
 
 /// The quirk cells: each correct-but-unusual behaviour on one dialect.
-const QUIRK_CELLS: [(Dialect, Quirk); 8] = [
+const QUIRK_CELLS: [(Dialect, Quirk); 9] = [
     (Dialect::Reference, Quirk::ResetAfterServerError),
     (Dialect::PlainJson422, Quirk::NestedErrorCode),
     (Dialect::PlainJson400, Quirk::MarkerValueOne),
@@ -103,6 +104,7 @@ const QUIRK_CELLS: [(Dialect, Quirk); 8] = [
     (Dialect::PlainJson422, Quirk::UuidKeys),
     (Dialect::Reference, Quirk::MarkerIsKey),
     (Dialect::Reference, Quirk::FingerprintsTraceparent),
+    (Dialect::Reference, Quirk::NoRetryAfter),
 ];
 
 async fn run_zoo_with(
@@ -200,10 +202,33 @@ fn judge(
                 Some(Quirk::FingerprintsTraceparent) => "replay.incidental-header",
                 _ => "concurrency.gate",
             };
+            // A header declared never sent: the contract's clause is still
+            // reported (interop), as declared rather than as dropped.
+            if quirk == Some(Quirk::NoRetryAfter) {
+                let declared = r
+                    .cases
+                    .iter()
+                    .flat_map(|c| c.checks.iter())
+                    .filter(|k| k.clause == "idem.inflight.retry-after")
+                    .any(|k| {
+                        k.verdict != Verdict::Pass
+                            && k.class == Class::Interop
+                            && k.observed.contains("declares Retry-After never sent")
+                    });
+                if !declared {
+                    problem(format!(
+                        "no interop finding naming the declared absent Retry-After\n{console}"
+                    ));
+                }
+            }
             // Passed, or failed on spelling alone (interop).
             let judged = r.cases.iter().find(|c| c.id == must_pass).is_some_and(|c| {
                 c.verdict == Verdict::Pass
-                    || (c.verdict == Verdict::Fail
+                    // The declared absent header is the clause's SHOULD
+                    // (non-strict), interop like a spelling.
+                    || ((c.verdict == Verdict::Fail
+                        || (c.verdict == Verdict::NonStrict
+                            && quirk == Some(Quirk::NoRetryAfter)))
                         && c.checks
                             .iter()
                             .all(|k| k.verdict != Verdict::Fail || k.class == Class::Interop))

@@ -156,6 +156,22 @@ pub struct ProfileDecl {
     /// (the kit sends one in `mismatch.method`). Default: 404, 405 and 501.
     #[serde(default = "default_unsupported")]
     pub unsupported_statuses: Vec<u16>,
+    /// Response headers the target never sends at all, e.g. `Retry-After`
+    /// on its in-use refusal. The kit still reports the contract's clause
+    /// where the contract asks for the header (an `interop` finding), but
+    /// names the declaration instead of calling the header dropped. A
+    /// header declared here cannot also be replayed or be the replay marker.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub absent_headers: Vec<String>,
+}
+
+impl ProfileDecl {
+    /// Whether the target declares it never sends header `name` (any case).
+    pub fn declares_absent(&self, name: &str) -> bool {
+        self.absent_headers
+            .iter()
+            .any(|h| h.eq_ignore_ascii_case(name))
+    }
 }
 
 impl Default for ProfileDecl {
@@ -167,6 +183,7 @@ impl Default for ProfileDecl {
             replay_marker_value: None,
             code_pointer: None,
             unsupported_statuses: default_unsupported(),
+            absent_headers: Vec::new(),
         }
     }
 }

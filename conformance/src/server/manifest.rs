@@ -304,6 +304,38 @@ fn validate_profile(m: &Manifest) -> Result<(), String> {
             "profile.replay_marker {h:?} is not a header name (or \"{NO_REPLAY_MARKER}\")"
         ));
     }
+    validate_absent_headers(m)
+}
+
+/// A header declared never sent cannot also be declared sent: replayed by
+/// an endpoint, or the replay marker.
+fn validate_absent_headers(m: &Manifest) -> Result<(), String> {
+    for h in &m.profile.absent_headers {
+        if reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err() {
+            return Err(format!(
+                "profile.absent_headers: {h:?} is not a header name"
+            ));
+        }
+        if m.profile
+            .replay_marker
+            .as_deref()
+            .is_some_and(|r| r.eq_ignore_ascii_case(h))
+        {
+            return Err(format!(
+                "profile.absent_headers names the replay marker {h:?}; declare replay_marker = \"{NO_REPLAY_MARKER}\" for unmarked replays"
+            ));
+        }
+        if let Some(e) = m
+            .endpoints
+            .iter()
+            .find(|e| e.replayed_headers.iter().any(|r| r.eq_ignore_ascii_case(h)))
+        {
+            return Err(format!(
+                "profile.absent_headers names {h:?}, which endpoint {:?} declares replayed; a header is sent or it is not",
+                e.name
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -712,6 +744,10 @@ base = "reference"
 # Statuses you answer for a route or method you do not serve (never taken
 # for your server error or a refusal):
 # unsupported_statuses = [404, 405, 501]
+# Response headers you never send at all (e.g. no Retry-After on your in-use
+# refusal): the kit still reports the contract's clause (interop) but says it
+# is declared, not dropped; a header here cannot also be replayed or the marker:
+# absent_headers = ["Retry-After"]
 # Override single errors to describe your own dialect. Identify each by
 # status, plus any of: code (the body's "code"), pointer + value (a JSON
 # pointer and the string there), pattern (a regex over the body), e.g.:
@@ -1056,6 +1092,27 @@ mod tests {
         assert_eq!(m.marked(&r), Some(true));
         m.profile.replay_marker = Some(NO_REPLAY_MARKER.into());
         assert_eq!(m.marked(&r), None, "unmarked: only the bytes can tell");
+    }
+
+    #[test]
+    fn a_header_declared_absent_is_not_also_declared_sent() {
+        let mut m = parse(TEMPLATE, "t").expect("template").manifest;
+        m.profile.absent_headers = vec!["Retry-After".into()];
+        assert!(validate(&m).is_ok());
+        assert!(m.profile.declares_absent("retry-after"));
+        assert!(!m.profile.declares_absent("ETag"));
+        m.endpoints[0].replayed_headers = vec!["retry-after".into()];
+        let e = validate(&m).expect_err("absent and replayed").to_string();
+        assert!(e.contains("replayed"), "{e}");
+        m.endpoints[0].replayed_headers.clear();
+        m.profile.replay_marker = Some("RETRY-AFTER".into());
+        let e = validate(&m).expect_err("absent and the marker").to_string();
+        assert!(e.contains("replay marker"), "{e}");
+        m.profile.replay_marker = None;
+        m.profile.absent_headers = vec!["bad header".into()];
+        assert!(validate(&m).is_err());
+        // The init template documents the field.
+        assert!(TEMPLATE.contains("# absent_headers = [\"Retry-After\"]"));
     }
 
     #[test]

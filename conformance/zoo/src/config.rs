@@ -267,11 +267,14 @@ pub enum Quirk {
     /// The fingerprint covers the `traceparent` header too, so a retry
     /// with a new trace context is refused as a mismatch.
     FingerprintsTraceparent,
+    /// The in-use refusal carries no `Retry-After` (the library never
+    /// sends the header at all).
+    NoRetryAfter,
 }
 
 impl Quirk {
     /// Every quirk, in declaration order.
-    pub const ALL: [Quirk; 8] = [
+    pub const ALL: [Quirk; 9] = [
         Self::ResetAfterServerError,
         Self::NestedErrorCode,
         Self::MarkerValueOne,
@@ -280,6 +283,7 @@ impl Quirk {
         Self::UuidKeys,
         Self::MarkerIsKey,
         Self::FingerprintsTraceparent,
+        Self::NoRetryAfter,
     ];
 
     /// The kebab-case name used on the command line.
@@ -293,6 +297,7 @@ impl Quirk {
             Self::UuidKeys => "uuid-keys",
             Self::MarkerIsKey => "marker-is-key",
             Self::FingerprintsTraceparent => "fingerprints-traceparent",
+            Self::NoRetryAfter => "no-retry-after",
         }
     }
 
@@ -310,6 +315,7 @@ impl Quirk {
             Self::UuidKeys => "[key] format = \"uuid\"",
             Self::MarkerIsKey => "[profile] replay_marker_value = \"{{key}}\"",
             Self::FingerprintsTraceparent => "[policy.fingerprint] headers = [\"traceparent\"]",
+            Self::NoRetryAfter => "[profile] absent_headers = [\"Retry-After\"]",
         }
     }
 }

@@ -728,7 +728,9 @@ fn error(config: ZooConfig, kind: Kind) -> Stored {
         Stored::json(status, "application/json", &body)
     };
     match kind {
-        Kind::InUse => stored.with_header(header::RETRY_AFTER, "1"),
+        Kind::InUse if config.quirk != Some(Quirk::NoRetryAfter) => {
+            stored.with_header(header::RETRY_AFTER, "1")
+        }
         _ => stored,
     }
 }

@@ -354,10 +354,10 @@ fn check_burst_answers(rec: &mut Rec, o: &GateObs, effects: u64) {
         );
     }
     if o.conflicts > 0 {
-        rec.check(
-            clause!("idem.inflight.retry-after"),
-            o.conflicts_without_retry_after == 0,
+        super::check_retry_after(
+            rec,
             "every in-flight refusal carries Retry-After",
+            o.conflicts_without_retry_after == 0,
             format!(
                 "{} of {} without Retry-After",
                 o.conflicts_without_retry_after, o.conflicts

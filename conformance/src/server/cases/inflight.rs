@@ -210,10 +210,10 @@ async fn judge_duplicate(rec: &mut Rec, d: &Response, first: Option<&Response>, 
     );
     if refused {
         check_spelling(rec, d, ErrorCode::IdempotencyKeyInUse, "the duplicate");
-        rec.check(
-            clause!("idem.inflight.retry-after"),
-            d.header("retry-after").is_some(),
+        super::check_retry_after(
+            rec,
             "Retry-After present",
+            d.header("retry-after").is_some(),
             d.summary(),
         );
     }

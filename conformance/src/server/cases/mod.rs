@@ -235,6 +235,32 @@ pub fn check_replay(rec: &mut Rec, first: &Response, again: &Response, what: &st
     check_marked(rec, again, what);
 }
 
+/// `idem.inflight.retry-after`: in-flight refusals carry `Retry-After`.
+/// A target that declares it never sends the header
+/// (`profile.absent_headers`) still deviates from the contract (the
+/// clause's own class, interop), and the observation says it is declared;
+/// a declared-absent header that is sent contradicts the declaration, which
+/// the report notes.
+pub fn check_retry_after(rec: &mut Rec, expected: &str, present: bool, observed: String) {
+    let declared = rec.ctx.manifest.profile.declares_absent("Retry-After");
+    let observed = match (declared, present) {
+        (true, false) => format!("{observed}; the manifest declares Retry-After never sent"),
+        (true, true) => {
+            rec.note(
+                "profile.absent_headers declares Retry-After never sent, but an in-flight refusal carried it: the declaration is wrong",
+            );
+            observed
+        }
+        _ => observed,
+    };
+    rec.check(
+        clause!("idem.inflight.retry-after"),
+        present,
+        expected.to_owned(),
+        observed,
+    );
+}
+
 /// A short, printable preview of a body.
 pub fn preview(b: &[u8]) -> String {
     let s = String::from_utf8_lossy(b);
