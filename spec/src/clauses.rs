@@ -210,6 +210,7 @@ pub const CLASSES: &[(&str, Class)] = {
         ("idem.client.no-unjittered-backoff", Semantics),
         ("idem.client.retry-after", Semantics),
         ("idem.client.deadline", Semantics),
+        ("idem.client.attempt-cap", Semantics),
         ("idem.client.max-attempts", Semantics),
         ("idem.client.budget", Semantics),
         ("idem.client.observability", Interop),

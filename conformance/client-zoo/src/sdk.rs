@@ -103,8 +103,8 @@ pub(crate) struct Behaviour {
     pub(crate) honour_retry_after: bool,
     /// Whether the attempt cap (3) and the ceiling on sends (10) apply.
     pub(crate) attempt_cap: bool,
-    /// Whether a lost connection and a timeout spend an attempt and count toward the ceiling
-    /// on sends; false: only answers do, so lost connections are resent until the deadline.
+    /// Whether a lost connection and a timeout spend one of the 3 attempts; false: only
+    /// answers do. The ceiling on sends counts every request either way.
     pub(crate) count_transport_failures: bool,
     /// What bounds the operation in time.
     pub(crate) deadline: Deadline,
@@ -295,12 +295,7 @@ pub(crate) async fn call(behaviour: Behaviour, timing: Timing, url: &str, seed: 
             return false;
         };
         counted += u32::from(counts);
-        // The ceiling on sends spares what the attempt cap spares only for `resets-uncounted`.
-        let transport = matches!(outcome, Outcome::Lost | Outcome::TimedOut);
-        let ceiling = behaviour.count_transport_failures || !transport;
-        if behaviour.attempt_cap
-            && (counted >= timing.max_attempts || (ceiling && sends >= timing.max_sends))
-        {
+        if behaviour.attempt_cap && (counted >= timing.max_attempts || sends >= timing.max_sends) {
             tracing::info!(sends, counted, "attempts exhausted");
             return false;
         }

@@ -33,7 +33,8 @@ use super::scenario::{self, Scenario};
 
 /// The contract's default attempt cap (`idem.client.max-attempts`).
 pub const MAX_ATTEMPTS: usize = 3;
-/// The contract's default ceiling on requests sent per operation.
+/// The contract's default ceiling on requests sent per operation, every
+/// request counted (`idem.client.attempt-cap`, a MUST).
 pub const MAX_SENDS: usize = 10;
 /// The contract's default overall deadline (`idem.client.deadline`).
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
@@ -175,6 +176,9 @@ pub fn judge_run(sc: &Scenario, r: &RunRecord, lim: &Limits) -> Vec<CheckReport>
     }
     answers_and_retries(r, lim, &mut out);
     out.push(judge_deadline(sc, r, lim));
+    if let Some(c) = judge_attempt_cap(sc, r, lim) {
+        out.push(c);
+    }
     if let Some(c) = judge_max_attempts(sc, r, lim) {
         out.push(c);
     }
@@ -584,6 +588,45 @@ pub fn judge_deadline(sc: &Scenario, r: &RunRecord, lim: &Limits) -> CheckReport
         c.headline = Some(format!("{}: the client {b}", sc.id));
     }
     c
+}
+
+/// `idem.client.attempt-cap`: a bound by count, every request counted,
+/// whatever the deadline allows. Only what the client sent is judged: more
+/// than [`MAX_SENDS`] requests breaks the default bound, and a run the kit
+/// killed for sending more than [`Limits::attempt_ceiling`] shows none. A
+/// client that stops at 4 to 10 requests keeps this MUST and is found, if
+/// at all, under the SHOULD of `idem.client.max-attempts`. Judged in the
+/// `limits` scenarios, and wherever the bound was broken.
+pub fn judge_attempt_cap(sc: &Scenario, r: &RunRecord, lim: &Limits) -> Option<CheckReport> {
+    let sent = r.attempts.len();
+    let killed = r.exit == Exit::Killed(Kill::TooManyAttempts);
+    let bounded = sent <= MAX_SENDS && !killed;
+    if bounded && sc.family() != "limits" {
+        return None;
+    }
+    let mut c = check_as(
+        clause!("idem.client.attempt-cap"),
+        Consequence::Behaviour,
+        bounded,
+        format!(
+            "at most {MAX_SENDS} requests for one operation, every request counted (a 409 in flight and a lost connection included), however much of the deadline is left"
+        ),
+        if killed {
+            format!(
+                "{sent} requests for one operation, still retrying when the kit killed it at {}: attempts bounded by the deadline alone",
+                lim.attempt_ceiling()
+            )
+        } else {
+            format!("{sent} request(s) for one operation")
+        },
+    );
+    if !bounded {
+        c.headline = Some(format!(
+            "{}: {sent} requests for one operation; a fleet of such clients multiplies an outage by as much",
+            sc.id
+        ));
+    }
+    Some(c)
 }
 
 /// `idem.client.max-attempts`: 409s in flight may go uncounted. Judged in

@@ -562,7 +562,38 @@ fn verdicts_over_recorded_attempts() {
                 1600,
             ),
             lim(),
-            vec![("idem.client.max-attempts", Some((NonStrict, semantics)))],
+            vec![
+                ("idem.client.max-attempts", Some((NonStrict, semantics))),
+                ("idem.client.attempt-cap", Some((Pass, semantics))),
+            ],
+        ),
+        (
+            "eleven requests at an always-503, stopped by count",
+            "limits.always-503",
+            rec(
+                (0..11).map(|i| att(i * 500, k, status(503))).collect(),
+                failed(1),
+                5_600,
+            ),
+            lim(),
+            vec![
+                ("idem.client.attempt-cap", Some((Fail, semantics))),
+                ("idem.client.max-attempts", Some((NonStrict, semantics))),
+            ],
+        ),
+        (
+            "ten requests at an always-503: the default bound, kept",
+            "limits.always-503",
+            rec(
+                (0..10).map(|i| att(i * 500, k, status(503))).collect(),
+                failed(1),
+                5_100,
+            ),
+            lim(),
+            vec![
+                ("idem.client.attempt-cap", Some((Pass, semantics))),
+                ("idem.client.max-attempts", Some((NonStrict, semantics))),
+            ],
         ),
         (
             "resets never counted: resent until the deadline",
@@ -577,6 +608,7 @@ fn verdicts_over_recorded_attempts() {
             lim(),
             vec![
                 ("idem.client.max-attempts", Some((NonStrict, semantics))),
+                ("idem.client.attempt-cap", Some((Pass, semantics))),
                 ("idem.client.deadline", Some((Pass, semantics))),
             ],
         ),
@@ -604,7 +636,10 @@ fn verdicts_over_recorded_attempts() {
                 170,
             ),
             lim(),
-            vec![("idem.client.max-attempts", Some((NonStrict, semantics)))],
+            vec![
+                ("idem.client.max-attempts", Some((NonStrict, semantics))),
+                ("idem.client.attempt-cap", Some((Fail, semantics))),
+            ],
         ),
         (
             "409s in flight go uncounted",
@@ -897,7 +932,7 @@ impl Rng {
 
 fn judged_constant(delays: &[Duration]) -> bool {
     let checks = judge_jitter(delays, delays.len()).expect("enough samples");
-    checks.iter().all(|c| c.verdict == Verdict::NonStrict)
+    checks.iter().all(|c| c.verdict != Verdict::Pass)
 }
 
 /// How often `draw` (12 first delays) is judged constant in `trials`.
@@ -976,8 +1011,19 @@ fn a_constant_delay_with_scheduling_noise_is_caught() {
 fn the_jitter_finding_reports_the_spread_it_saw() {
     let d: Vec<Duration> = (0..12).map(|i| ms(480 + i)).collect();
     let checks = judge_jitter(&d, 12).expect("judged");
+    // Full jitter as the schedule is a SHOULD; jitter at all is a MUST.
+    let levels: Vec<(&str, Verdict)> = checks
+        .iter()
+        .map(|c| (c.clause.as_str(), c.verdict))
+        .collect();
+    assert_eq!(
+        levels,
+        [
+            ("idem.client.backoff-jitter", Verdict::NonStrict),
+            ("idem.client.no-unjittered-backoff", Verdict::Fail),
+        ]
+    );
     let c = &checks[0];
-    assert_eq!(c.verdict, Verdict::NonStrict);
     assert!(
         c.observed.contains("0.009 s (0.480 s to 0.489 s)"),
         "{}",
