@@ -67,12 +67,25 @@ fn curl_without_retries_conforms() {
     let (o, r) = kit(KEYED, &["--deadline", "3", "--runs", "6"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert_eq!(r["summary"]["result"], "conforms");
-    // It never retries, so there is no delay to judge: not a pass.
+    // It never retries, so there is no delay to judge: no jitter verdict.
     let jitter = r["cases"]
         .as_array()
         .and_then(|a| a.iter().find(|c| c["id"] == "backoff.jitter"))
         .expect("jitter case");
-    assert_eq!(jitter["verdict"], "inconclusive", "{jitter}");
+    let judged: Vec<&str> = jitter["checks"]
+        .as_array()
+        .map(|c| c.iter().filter_map(|k| k["clause"].as_str()).collect())
+        .unwrap_or_default();
+    assert!(!judged.iter().any(|c| c.contains("jitter")), "{jitter}");
+    assert_eq!(
+        clause(&r, "idem.client.backoff-jitter")["verdict"],
+        serde_json::Value::Null
+    );
+    // curl sends no Request-Deadline-Ms: a missed SHOULD, which leaves CONFORMS.
+    assert_eq!(
+        clause(&r, "idem.client.deadline-header")["verdict"],
+        "non-strict"
+    );
     // Every run a new operation, every operation its own key.
     assert_eq!(
         clause(&r, "idem.client.key-per-operation")["verdict"],

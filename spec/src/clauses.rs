@@ -210,6 +210,8 @@ pub const CLASSES: &[(&str, Class)] = {
         ("idem.client.no-unjittered-backoff", Semantics),
         ("idem.client.retry-after", Semantics),
         ("idem.client.deadline", Semantics),
+        ("idem.client.deadline-header", Semantics),
+        ("idem.client.deadline-header-truthful", Semantics),
         ("idem.client.attempt-cap", Semantics),
         ("idem.client.max-attempts", Semantics),
         ("idem.client.budget", Semantics),
