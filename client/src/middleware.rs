@@ -46,7 +46,7 @@ use std::time::{Duration, Instant};
 use http::Extensions;
 use http::HeaderName;
 use idem_spec::IdempotencyKey;
-use idem_spec::headers::{IDEMPOTENCY_KEY, RETRY_AFTER};
+use idem_spec::headers::{IDEMPOTENCY_KEY, REQUEST_DEADLINE_MS, RETRY_AFTER};
 use reqwest::header::HeaderValue;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
@@ -188,6 +188,7 @@ pub struct RetryMiddleware {
     hook: Option<RetryHook>,
     auto_keys: bool,
     attempt_header: Option<HeaderName>,
+    deadline_header: bool,
 }
 
 impl std::fmt::Debug for RetryMiddleware {
@@ -199,6 +200,7 @@ impl std::fmt::Debug for RetryMiddleware {
             .field("hook", &self.hook.is_some())
             .field("auto_keys", &self.auto_keys)
             .field("attempt_header", &self.attempt_header)
+            .field("deadline_header", &self.deadline_header)
             .finish()
     }
 }
@@ -222,6 +224,7 @@ impl RetryMiddleware {
             hook: None,
             auto_keys: true,
             attempt_header: None,
+            deadline_header: true,
         }
     }
 
@@ -269,6 +272,14 @@ impl RetryMiddleware {
     /// reads one).
     pub fn with_attempt_header_named(mut self, name: HeaderName) -> Self {
         self.attempt_header = Some(name);
+        self
+    }
+
+    /// Stops sending [`REQUEST_DEADLINE_MS`] (on by default: every attempt carries what is
+    /// left of the operation's deadline, in milliseconds, clause `idem.client.deadline-header`).
+    /// For an API that rejects unknown headers; the deadline itself still holds.
+    pub fn without_deadline_header(mut self) -> Self {
+        self.deadline_header = false;
         self
     }
 
@@ -513,6 +524,16 @@ impl Middleware for RetryMiddleware {
                 attempt
                     .headers_mut()
                     .insert(name.clone(), HeaderValue::from(number));
+            }
+            if self.deadline_header {
+                // Taken when the attempt is built, so it never exceeds what this loop will
+                // wait (clause `idem.client.deadline-header-truthful`); a caller's own value
+                // is replaced, since only this loop knows what is left.
+                let left = policy.remaining(self.elapsed(start));
+                attempt.headers_mut().insert(
+                    REQUEST_DEADLINE_MS,
+                    HeaderValue::from(millis(left).min(999_999_999)),
+                );
             }
             extensions.insert(AttemptInfo { number, timeout });
             let span = tracing::info_span!(

@@ -655,3 +655,52 @@ async fn a_body_that_can_be_sent_once_is_sent_once_and_costs_no_tokens() {
     // The retry the policy would have paid for did not happen: its tokens are back.
     assert_eq!(budget.available(), 500);
 }
+
+// clause: idem.client.deadline-header, idem.client.deadline-header-truthful
+#[tokio::test]
+async fn every_attempt_carries_what_is_left_of_the_deadline() {
+    let (url, script) = serve(vec![answer(503), answer(503), answer(201)]).await;
+    let clock = ManualClock::default();
+    let policy = RetryPolicy {
+        deadline: Duration::from_secs(5),
+        ..RetryPolicy::default()
+    };
+    let mw = RetryMiddleware::new(policy)
+        .with_clock(clock.clone())
+        .with_seed(11);
+    let resp = client(mw)
+        .post(&url)
+        .header(idem_spec::headers::REQUEST_DEADLINE_MS, "999999")
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(resp.status().as_u16(), 201);
+    let sleeps = clock.sleeps();
+    assert_eq!(sleeps.len(), 2);
+    // The manual clock moves only by the recorded sleeps: each value is the deadline less
+    // the sleeps before that attempt, in whole milliseconds, and the caller's own (false)
+    // value is replaced.
+    let left = |slept: Duration| (Duration::from_secs(5) - slept).as_millis().to_string();
+    let want = vec![
+        Some("5000".to_owned()),
+        Some(left(sleeps[0])),
+        Some(left(sleeps[0] + sleeps[1])),
+    ];
+    let seen = script.lock().expect("script lock").seen_deadlines.clone();
+    assert_eq!(seen, want);
+    let values: Vec<u64> = seen
+        .iter()
+        .map(|v| v.as_deref().unwrap_or("").parse().expect("digits"))
+        .collect();
+    assert!(values.windows(2).all(|w| w[1] <= w[0]), "{values:?}");
+}
+
+#[tokio::test]
+async fn the_deadline_header_can_be_turned_off() {
+    let (url, script) = serve(vec![answer(201)]).await;
+    let mw = RetryMiddleware::default().without_deadline_header();
+    let resp = client(mw).post(&url).send().await.expect("sent");
+    assert_eq!(resp.status().as_u16(), 201);
+    let seen = script.lock().expect("script lock").seen_deadlines.clone();
+    assert_eq!(seen, vec![None]);
+}

@@ -123,7 +123,7 @@ pub enum Command {
         #[arg(long, value_name = "POINTER")]
         key_pointer: Option<String>,
         /// Also fail (DEVIATES, exit 3) on non-strict findings: a missed
-        /// SHOULD, such as no jitter or no attempt cap.
+        /// SHOULD, such as jitter other than full or more than 3 attempts.
         #[arg(long)]
         strict: bool,
         /// Reports.

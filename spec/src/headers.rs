@@ -11,6 +11,28 @@ pub const PREFER: &str = "Prefer";
 /// Response header confirming an honoured preference.
 pub const PREFERENCE_APPLIED: &str = "Preference-Applied";
 
+/// Request header carrying what is left of the caller's overall deadline, in
+/// whole milliseconds, relative to when the attempt is sent (clauses
+/// `idem.client.deadline-header`, `idem.client.deadline-header-truthful`).
+pub const REQUEST_DEADLINE_MS: &str = "Request-Deadline-Ms";
+
+/// The most digits a [`REQUEST_DEADLINE_MS`] value may have (about 11 days).
+pub const REQUEST_DEADLINE_MAX_DIGITS: usize = 9;
+
+/// Parses a [`REQUEST_DEADLINE_MS`] value: 1 to 9 ASCII digits, nothing
+/// else (no sign, unit, fraction or surrounding space beyond what HTTP
+/// trims). `None` for anything else, which a receiver ignores.
+pub fn parse_request_deadline_ms(value: &str) -> Option<std::time::Duration> {
+    let v = value.trim_matches(|c| c == ' ' || c == '\t');
+    if v.is_empty()
+        || v.len() > REQUEST_DEADLINE_MAX_DIGITS
+        || !v.bytes().all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    v.parse().ok().map(std::time::Duration::from_millis)
+}
+
 /// Headers every replay reproduces when the original response had them
 /// (clause `idem.replay.verbatim`); endpoints may declare more.
 pub const REPLAYED_HEADERS: [&str; 3] = ["Content-Type", "Location", "ETag"];
@@ -51,5 +73,31 @@ mod tests {
         assert_eq!(prefer_wait_secs(["wait=soon", "wait=2"]), Some(2));
         assert_eq!(prefer_wait_secs(["return=minimal"]), None);
         assert_eq!(prefer_wait_secs([]), None);
+    }
+
+    #[test]
+    fn request_deadline_values_follow_the_grammar() {
+        use std::time::Duration;
+        assert_eq!(
+            parse_request_deadline_ms("19473"),
+            Some(Duration::from_millis(19_473))
+        );
+        assert_eq!(parse_request_deadline_ms(" 0 "), Some(Duration::ZERO));
+        assert_eq!(
+            parse_request_deadline_ms("999999999"),
+            Some(Duration::from_millis(999_999_999))
+        );
+        for bad in [
+            "",
+            "1000000000",
+            "-5",
+            "+5",
+            "1.5",
+            "10ms",
+            "1e3",
+            "\u{661}",
+        ] {
+            assert_eq!(parse_request_deadline_ms(bad), None, "{bad:?}");
+        }
     }
 }

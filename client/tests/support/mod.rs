@@ -44,6 +44,8 @@ pub struct Script {
     pub seen_keys: Vec<Option<String>>,
     /// The `Attempt-Count` header of every request received, in order.
     pub seen_attempts: Vec<Option<String>>,
+    /// The `Request-Deadline-Ms` header of every request received, in order.
+    pub seen_deadlines: Vec<Option<String>>,
 }
 
 pub type Shared = Arc<Mutex<Script>>;
@@ -60,6 +62,11 @@ async fn handler(State(script): State<Shared>, headers: HeaderMap) -> Response {
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     s.seen_attempts.push(attempt);
+    let deadline = headers
+        .get(idem_spec::headers::REQUEST_DEADLINE_MS)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    s.seen_deadlines.push(deadline);
     let a = if s.answers.is_empty() {
         answer(200)
     } else {

@@ -173,9 +173,10 @@ impl ZooClient {
             ZooClient::FreshKeyPerAttempt => Some("idem.client.same-key"),
             ZooClient::Retries400 | ZooClient::Retries409 => Some("idem.client.allowlist"),
             ZooClient::IgnoresRetryAfter => Some("idem.client.retry-after"),
-            ZooClient::NoAttemptCap | ZooClient::ResetsUncounted => {
-                Some("idem.client.max-attempts")
-            }
+            // Bounded by its deadline alone: the count MUST of the contract.
+            ZooClient::NoAttemptCap => Some("idem.client.attempt-cap"),
+            // Its ceiling of 10 sends holds; only the 3 attempts miss what it does not count.
+            ZooClient::ResetsUncounted => Some("idem.client.max-attempts"),
             ZooClient::DeadlineResetPerAttempt
             | ZooClient::LongHintNoDeadline
             | ZooClient::NoDeadlineShortHang => Some("idem.client.deadline"),
@@ -256,13 +257,23 @@ impl ZooClient {
     }
 
     /// The hand-written SDK's numbers for this client: the contract's defaults, except
-    /// `no-deadline-short-hang`'s 11 s attempt timeout. That number is no defect by itself;
+    /// `no-attempt-cap`'s 2 s backoff cap and `no-deadline-short-hang`'s 11 s attempt timeout.
+    /// A 2 s cap is no defect by itself (several SDKs cap their backoff lower); with no bound
+    /// on the count it makes the client send at least 21 requests before its 30 s deadline,
+    /// so its unbounded count shows (the kit stops it past 15). Under the 20 s cap the same
+    /// client would send about 8, which no black box can tell from a bound of 8.
+    ///
+    /// `no-deadline-short-hang`'s attempt timeout: That number is no defect by itself;
     /// with no overall deadline it makes the hang scenario take 3 × 11 s plus its two jittered
     /// backoffs (at most 0.5 s and 1 s): 33 to 34.5 s from the first attempt, past the 30 s
     /// deadline by more than the kit's tolerance (1 s or 5 %: 1.5 s), yet under its kill bound
     /// (the deadline plus a grace of at least 5 s: 35 s or later).
     fn timing(self) -> sdk::Timing {
         match self {
+            ZooClient::NoAttemptCap => sdk::Timing {
+                cap: std::time::Duration::from_secs(2),
+                ..sdk::Timing::DEFAULT
+            },
             ZooClient::NoDeadlineShortHang => sdk::Timing {
                 attempt_timeout: std::time::Duration::from_secs(11),
                 ..sdk::Timing::DEFAULT

@@ -103,8 +103,8 @@ pub(crate) struct Behaviour {
     pub(crate) honour_retry_after: bool,
     /// Whether the attempt cap (3) and the ceiling on sends (10) apply.
     pub(crate) attempt_cap: bool,
-    /// Whether a lost connection and a timeout spend an attempt and count toward the ceiling
-    /// on sends; false: only answers do, so lost connections are resent until the deadline.
+    /// Whether a lost connection and a timeout spend one of the 3 attempts; false: only
+    /// answers do. The ceiling on sends counts every request either way.
     pub(crate) count_transport_failures: bool,
     /// What bounds the operation in time.
     pub(crate) deadline: Deadline,
@@ -270,21 +270,27 @@ pub(crate) async fn call(behaviour: Behaviour, timing: Timing, url: &str, seed: 
     // Bounded: every pass sends one request, and the cap, the ceiling on sends or
     // `RUNAWAY_SENDS` (and the deadline, or the attempt cap) end the loop.
     for sends in 1..=RUNAWAY_SENDS {
-        let timeout = match behaviour.deadline {
+        // What is left of the deadline as the loop believes it, sent as
+        // `Request-Deadline-Ms` (none without a deadline).
+        let (timeout, left) = match behaviour.deadline {
             Deadline::Overall => {
                 let remaining = timing.deadline.saturating_sub(start.elapsed());
                 if remaining.is_zero() {
                     tracing::info!(sends, "deadline passed");
                     return false;
                 }
-                timing.attempt_timeout.min(remaining)
+                (timing.attempt_timeout.min(remaining), Some(remaining))
             }
             // The defect of `deadline-reset-per-attempt`: the deadline restarts with each
-            // attempt, and the attempt may use all of it.
-            Deadline::PerAttempt => timing.deadline,
-            Deadline::None => timing.attempt_timeout,
+            // attempt, and the attempt may use all of it (and claims all of it).
+            Deadline::PerAttempt => (timing.deadline, Some(timing.deadline)),
+            Deadline::None => (timing.attempt_timeout, None),
         };
-        let (request, key_sent) = build(&http, url, behaviour, &operation_key, key_lost);
+        let (mut request, key_sent) = build(&http, url, behaviour, &operation_key, key_lost);
+        if let Some(left) = left {
+            let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+            request = request.header(idem_spec::headers::REQUEST_DEADLINE_MS, ms);
+        }
         let outcome = attempt(request, timeout).await;
         tracing::debug!(sends, key_sent, ?outcome, "attempt");
         if let Outcome::Success(resp) = outcome {
@@ -295,12 +301,7 @@ pub(crate) async fn call(behaviour: Behaviour, timing: Timing, url: &str, seed: 
             return false;
         };
         counted += u32::from(counts);
-        // The ceiling on sends spares what the attempt cap spares only for `resets-uncounted`.
-        let transport = matches!(outcome, Outcome::Lost | Outcome::TimedOut);
-        let ceiling = behaviour.count_transport_failures || !transport;
-        if behaviour.attempt_cap
-            && (counted >= timing.max_attempts || (ceiling && sends >= timing.max_sends))
-        {
+        if behaviour.attempt_cap && (counted >= timing.max_attempts || sends >= timing.max_sends) {
             tracing::info!(sends, counted, "attempts exhausted");
             return false;
         }

@@ -681,16 +681,15 @@ async fn slow_start_sends_nothing_for_its_first_two_seconds() {
     }
 }
 
-/// Twelve lost connections, then a 201: the contract gives up after 3 attempts;
-/// resets-uncounted resends all twelve, past the cap and the ceiling of 10 sends, with its key.
-/// Answers still count for it.
+/// Five lost connections, then a 201: the contract gives up after 3 attempts; resets-uncounted
+/// resends past its cap, with its key, and gets the 201. Answers still count for it.
 #[tokio::test]
-async fn resets_uncounted_resends_lost_connections_past_the_cap_and_the_ceiling() {
+async fn resets_uncounted_resends_lost_connections_past_the_cap() {
     let uncounted = ZooClient::ResetsUncounted.behaviour();
-    let (ok, seen) = run_sdk(Behaviour::CONTRACT, FAST, vec![Step::Close; 12]).await;
+    let (ok, seen) = run_sdk(Behaviour::CONTRACT, FAST, vec![Step::Close; 5]).await;
     assert!(!ok && seen.len() == 3, "{seen:?}");
-    let (ok, seen) = run_sdk(uncounted, FAST, vec![Step::Close; 12]).await;
-    assert!(ok && seen.len() == 13, "{seen:?}");
+    let (ok, seen) = run_sdk(uncounted, FAST, vec![Step::Close; 5]).await;
+    assert!(ok && seen.len() == 6, "{seen:?}");
     assert!(seen.iter().all(|s| s.key.is_some() && s.key == seen[0].key));
     let plain = Step::Answer(503, Vec::new(), String::new());
     let (ok, seen) = run_sdk(uncounted, FAST, vec![plain; 5]).await;
@@ -711,20 +710,29 @@ async fn resets_uncounted_does_not_count_timeouts_either() {
     assert!(ok && seen.len() == 5, "{seen:?}");
 }
 
-/// A connection lost on every request: resets-uncounted resends until its (shrunk) deadline,
-/// well past 10 sends; the deadline, not the script, ends it.
+/// A connection lost on every request: resets-uncounted resends past its cap of 3, and its
+/// ceiling of 10 sends, which counts every request, ends it long before its deadline.
 #[tokio::test]
-async fn resets_uncounted_resends_a_reset_forever_until_its_deadline() {
+async fn resets_uncounted_stops_a_reset_forever_at_its_ceiling_of_sends() {
     let timing = Timing {
         base: Duration::from_millis(10),
         cap: Duration::from_millis(10),
-        deadline: Duration::from_millis(300),
+        deadline: Duration::from_secs(30),
         ..Timing::DEFAULT
     };
-    let started = Instant::now();
     let uncounted = ZooClient::ResetsUncounted.behaviour();
-    let (ok, seen) = run_sdk(uncounted, timing, vec![Step::Close; 200]).await;
+    let (ok, seen) = run_sdk(uncounted, timing, vec![Step::Close; 40]).await;
     assert!(!ok, "{seen:?}");
-    assert!(seen.len() > 10 && seen.len() < 200, "{} sends", seen.len());
-    assert!(started.elapsed() >= timing.deadline - timing.cap);
+    assert_eq!(seen.len(), 10, "{seen:?}");
+}
+
+/// 503 twenty times, then a 201: the client without a cap sends all 21 requests, past the
+/// contract's ceiling of 10 (the count MUST `idem.client.attempt-cap`); the contract stops at 3.
+#[tokio::test]
+async fn no_attempt_cap_goes_past_the_ceiling_of_sends() {
+    let script = || vec![Step::Answer(503, Vec::new(), String::new()); 20];
+    let (ok, seen) = run_sdk(Behaviour::CONTRACT, FAST, script()).await;
+    assert!(!ok && seen.len() == 3, "{seen:?}");
+    let (ok, seen) = run_sdk(ZooClient::NoAttemptCap.behaviour(), FAST, script()).await;
+    assert!(ok && seen.len() == 21, "{seen:?}");
 }

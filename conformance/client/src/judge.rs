@@ -26,6 +26,7 @@ use std::time::Duration;
 use idem_conformance_core::clause;
 use idem_conformance_core::verdict::{self, Consequence, check_as, check_at};
 use idem_spec::clauses::Level;
+use idem_spec::headers::{REQUEST_DEADLINE_MS, parse_request_deadline_ms};
 use idem_spec::report::{CheckReport, Verdict};
 
 use super::record::{self, Answer, Exit, KeySource, Kill, Retry, RunRecord};
@@ -33,7 +34,8 @@ use super::scenario::{self, Scenario};
 
 /// The contract's default attempt cap (`idem.client.max-attempts`).
 pub const MAX_ATTEMPTS: usize = 3;
-/// The contract's default ceiling on requests sent per operation.
+/// The contract's default ceiling on requests sent per operation, every
+/// request counted (`idem.client.attempt-cap`, a MUST).
 pub const MAX_SENDS: usize = 10;
 /// The contract's default overall deadline (`idem.client.deadline`).
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
@@ -175,6 +177,10 @@ pub fn judge_run(sc: &Scenario, r: &RunRecord, lim: &Limits) -> Vec<CheckReport>
     }
     answers_and_retries(r, lim, &mut out);
     out.push(judge_deadline(sc, r, lim));
+    out.extend(judge_deadline_header(sc, r, lim));
+    if let Some(c) = judge_attempt_cap(sc, r, lim) {
+        out.push(c);
+    }
     if let Some(c) = judge_max_attempts(sc, r, lim) {
         out.push(c);
     }
@@ -584,6 +590,158 @@ pub fn judge_deadline(sc: &Scenario, r: &RunRecord, lim: &Limits) -> CheckReport
         c.headline = Some(format!("{}: the client {b}", sc.id));
     }
     c
+}
+
+/// The `Request-Deadline-Ms` value each attempt carried (`None`: none, or
+/// one that breaks the grammar, which a server ignores).
+fn deadline_values(r: &RunRecord) -> Vec<Option<Duration>> {
+    r.attempts
+        .iter()
+        .map(|a| {
+            a.headers
+                .iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(REQUEST_DEADLINE_MS))
+                .and_then(|(_, v)| parse_request_deadline_ms(v))
+        })
+        .collect()
+}
+
+/// `idem.client.deadline-header` (SHOULD: on every attempt) and, for a
+/// client that sends it, `idem.client.deadline-header-truthful` (MUST: no
+/// value more than the first one less the time since, nor more than the
+/// deadline). Times are arrivals at the kit, so a value may look up to the
+/// difference of two attempts' transit times too large: the tolerance is
+/// the deadline's own (1 s or 5 %), and only a clearer excess is a finding.
+pub fn judge_deadline_header(sc: &Scenario, r: &RunRecord, lim: &Limits) -> Vec<CheckReport> {
+    let values = deadline_values(r);
+    let Some(first) = r.attempts.first() else {
+        return Vec::new();
+    };
+    let missing: Vec<usize> = (0..values.len()).filter(|&i| values[i].is_none()).collect();
+    let mut out = vec![check_as(
+        clause!("idem.client.deadline-header"),
+        Consequence::Behaviour,
+        missing.is_empty(),
+        format!(
+            "every attempt carries {REQUEST_DEADLINE_MS}: what is left of the deadline, in milliseconds"
+        ),
+        if missing.is_empty() {
+            format!("all {} attempt(s) carried it", values.len())
+        } else {
+            format!(
+                "{} of {} attempt(s) carried no valid {REQUEST_DEADLINE_MS} (attempt {})",
+                missing.len(),
+                values.len(),
+                missing
+                    .iter()
+                    .map(|i| (i + 1).to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        },
+    )];
+    let sent: Vec<(usize, Duration)> = values
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| v.map(|v| (i, v)))
+        .collect();
+    let Some(&(i0, v0)) = sent.first() else {
+        return out;
+    };
+    let t0 = r.attempts[i0].at;
+    let tol = lim.tolerance();
+    let mut excess: Option<String> = None;
+    if v0 > lim.deadline + tol {
+        excess = Some(format!(
+            "attempt {} claimed {} left, more than its {} deadline",
+            i0 + 1,
+            secs(v0),
+            secs(lim.deadline)
+        ));
+    }
+    for &(i, v) in &sent[1..] {
+        let since = r.attempts[i].at.saturating_sub(t0);
+        let left = v0.saturating_sub(since);
+        if excess.is_none() && v > left + tol {
+            excess = Some(format!(
+                "attempt {} claimed {} left, {} after attempt {} claimed {}: at most {} was left",
+                i + 1,
+                secs(v),
+                secs(since),
+                i0 + 1,
+                secs(v0),
+                secs(left)
+            ));
+        }
+    }
+    let list: Vec<String> = values
+        .iter()
+        .map(|v| v.map_or("-".to_owned(), |v| v.as_millis().to_string()))
+        .collect();
+    let mut c = check_as(
+        clause!("idem.client.deadline-header-truthful"),
+        Consequence::Behaviour,
+        excess.is_none(),
+        format!(
+            "each value at most the first less the time since it (tolerance {}), and the first at most the {} deadline",
+            secs(tol),
+            secs(lim.deadline)
+        ),
+        excess.clone().unwrap_or_else(|| {
+            format!(
+                "values (ms) {}, first attempt at {}",
+                list.join(", "),
+                secs(first.at)
+            )
+        }),
+    );
+    if let Some(e) = excess {
+        c.headline = Some(format!(
+            "{}: {e}; the server is told of time its caller will not give it",
+            sc.id
+        ));
+    }
+    out.push(c);
+    out
+}
+
+/// `idem.client.attempt-cap`: a bound by count, every request counted,
+/// whatever the deadline allows. Only what the client sent is judged: more
+/// than [`MAX_SENDS`] requests breaks the default bound, and a run the kit
+/// killed for sending more than [`Limits::attempt_ceiling`] shows none. A
+/// client that stops at 4 to 10 requests keeps this MUST and is found, if
+/// at all, under the SHOULD of `idem.client.max-attempts`. Judged in the
+/// `limits` scenarios, and wherever the bound was broken.
+pub fn judge_attempt_cap(sc: &Scenario, r: &RunRecord, lim: &Limits) -> Option<CheckReport> {
+    let sent = r.attempts.len();
+    let killed = r.exit == Exit::Killed(Kill::TooManyAttempts);
+    let bounded = sent <= MAX_SENDS && !killed;
+    if bounded && sc.family() != "limits" {
+        return None;
+    }
+    let mut c = check_as(
+        clause!("idem.client.attempt-cap"),
+        Consequence::Behaviour,
+        bounded,
+        format!(
+            "at most {MAX_SENDS} requests for one operation, every request counted (a 409 in flight and a lost connection included), however much of the deadline is left"
+        ),
+        if killed {
+            format!(
+                "{sent} requests for one operation, still retrying when the kit killed it at {}: attempts bounded by the deadline alone",
+                lim.attempt_ceiling()
+            )
+        } else {
+            format!("{sent} request(s) for one operation")
+        },
+    );
+    if !bounded {
+        c.headline = Some(format!(
+            "{}: {sent} requests for one operation; a fleet of such clients multiplies an outage by as much",
+            sc.id
+        ));
+    }
+    Some(c)
 }
 
 /// `idem.client.max-attempts`: 409s in flight may go uncounted. Judged in

@@ -18,8 +18,16 @@ fn status(code: u16) -> Answer {
     }
 }
 
+/// An attempt arriving `t` ms into the run, with the `Request-Deadline-Ms` a
+/// client with the default 30 s deadline, started at 0, sends then.
 fn att(t: u64, key: Option<&str>, answer: Answer) -> Attempt {
-    let mut headers = vec![("Content-Type".to_owned(), "application/json".to_owned())];
+    let mut headers = vec![
+        ("Content-Type".to_owned(), "application/json".to_owned()),
+        (
+            "Request-Deadline-Ms".to_owned(),
+            30_000u64.saturating_sub(t).to_string(),
+        ),
+    ];
     if let Some(k) = key {
         headers.push(("Idempotency-Key".to_owned(), k.to_owned()));
     }
@@ -101,6 +109,16 @@ fn held(t: u64, key: Option<&str>, gave_up: Option<u64>) -> Attempt {
 
 fn with_header(mut a: Attempt, name: &str, value: &str) -> Attempt {
     a.headers.push((name.to_owned(), value.to_owned()));
+    a
+}
+
+/// `a` with its `Request-Deadline-Ms` set to `value` (`None`: removed).
+fn with_deadline(mut a: Attempt, value: Option<&str>) -> Attempt {
+    a.headers.retain(|(n, _)| n != "Request-Deadline-Ms");
+    if let Some(v) = value {
+        a.headers
+            .push(("Request-Deadline-Ms".to_owned(), v.to_owned()));
+    }
     a
 }
 
@@ -459,11 +477,12 @@ fn verdicts_over_recorded_attempts() {
             rec(
                 vec![
                     hinted(
-                        att(0, k, status(429)),
+                        with_deadline(att(0, k, status(429)), Some("3000")),
                         "Wed, 02 Dec 2026 10:00:04 GMT",
                         4000,
                     ),
-                    att(4004, k, SUCCESS),
+                    // What it sends once the deadline has passed: nothing left.
+                    with_deadline(att(4004, k, SUCCESS), Some("0")),
                 ],
                 ok(),
                 4020,
@@ -562,7 +581,38 @@ fn verdicts_over_recorded_attempts() {
                 1600,
             ),
             lim(),
-            vec![("idem.client.max-attempts", Some((NonStrict, semantics)))],
+            vec![
+                ("idem.client.max-attempts", Some((NonStrict, semantics))),
+                ("idem.client.attempt-cap", Some((Pass, semantics))),
+            ],
+        ),
+        (
+            "eleven requests at an always-503, stopped by count",
+            "limits.always-503",
+            rec(
+                (0..11).map(|i| att(i * 500, k, status(503))).collect(),
+                failed(1),
+                5_600,
+            ),
+            lim(),
+            vec![
+                ("idem.client.attempt-cap", Some((Fail, semantics))),
+                ("idem.client.max-attempts", Some((NonStrict, semantics))),
+            ],
+        ),
+        (
+            "ten requests at an always-503: the default bound, kept",
+            "limits.always-503",
+            rec(
+                (0..10).map(|i| att(i * 500, k, status(503))).collect(),
+                failed(1),
+                5_100,
+            ),
+            lim(),
+            vec![
+                ("idem.client.attempt-cap", Some((Pass, semantics))),
+                ("idem.client.max-attempts", Some((NonStrict, semantics))),
+            ],
         ),
         (
             "resets never counted: resent until the deadline",
@@ -577,6 +627,7 @@ fn verdicts_over_recorded_attempts() {
             lim(),
             vec![
                 ("idem.client.max-attempts", Some((NonStrict, semantics))),
+                ("idem.client.attempt-cap", Some((Pass, semantics))),
                 ("idem.client.deadline", Some((Pass, semantics))),
             ],
         ),
@@ -604,7 +655,10 @@ fn verdicts_over_recorded_attempts() {
                 170,
             ),
             lim(),
-            vec![("idem.client.max-attempts", Some((NonStrict, semantics)))],
+            vec![
+                ("idem.client.max-attempts", Some((NonStrict, semantics))),
+                ("idem.client.attempt-cap", Some((Fail, semantics))),
+            ],
         ),
         (
             "409s in flight go uncounted",
@@ -638,6 +692,96 @@ fn verdicts_over_recorded_attempts() {
             ),
             lim(),
             vec![("idem.client.max-attempts", Some((Pass, semantics)))],
+        ),
+        (
+            "a deadline header that shrinks as time passes",
+            "limits.always-503",
+            rec(
+                vec![
+                    with_deadline(att(0, k, status(503)), Some("29990")),
+                    with_deadline(att(1_000, k, status(503)), Some("29000")),
+                    with_deadline(att(3_000, k, status(503)), Some("27100")),
+                ],
+                failed(1),
+                3_010,
+            ),
+            lim(),
+            vec![
+                ("idem.client.deadline-header", Some((Pass, semantics))),
+                (
+                    "idem.client.deadline-header-truthful",
+                    Some((Pass, semantics)),
+                ),
+            ],
+        ),
+        (
+            "a deadline header restarted on every attempt",
+            "limits.hang",
+            rec(
+                vec![
+                    with_deadline(held(0, k, Some(10_000)), Some("30000")),
+                    with_deadline(held(10_300, k, Some(20_300)), Some("30000")),
+                    with_deadline(held(21_000, k, Some(30_000)), Some("30000")),
+                ],
+                failed(1),
+                30_100,
+            ),
+            lim(),
+            vec![(
+                "idem.client.deadline-header-truthful",
+                Some((Fail, semantics)),
+            )],
+        ),
+        (
+            "a deadline header claiming more than the deadline",
+            "limits.always-503",
+            rec(
+                vec![with_deadline(att(0, k, status(503)), Some("60000"))],
+                failed(1),
+                10,
+            ),
+            lim(),
+            vec![(
+                "idem.client.deadline-header-truthful",
+                Some((Fail, semantics)),
+            )],
+        ),
+        (
+            "no deadline header: a missed SHOULD, and nothing to hold it to",
+            "limits.always-503",
+            rec(
+                vec![
+                    with_deadline(att(0, k, status(503)), None),
+                    with_deadline(att(400, k, status(503)), None),
+                ],
+                failed(1),
+                410,
+            ),
+            lim(),
+            vec![
+                ("idem.client.deadline-header", Some((NonStrict, semantics))),
+                ("idem.client.deadline-header-truthful", None),
+            ],
+        ),
+        (
+            "a deadline header only on the first attempt",
+            "limits.always-503",
+            rec(
+                vec![
+                    att(0, k, status(503)),
+                    with_deadline(att(400, k, status(503)), None),
+                ],
+                failed(1),
+                410,
+            ),
+            lim(),
+            vec![
+                ("idem.client.deadline-header", Some((NonStrict, semantics))),
+                (
+                    "idem.client.deadline-header-truthful",
+                    Some((Pass, semantics)),
+                ),
+            ],
         ),
         (
             "no key on the plain success",
@@ -897,7 +1041,7 @@ impl Rng {
 
 fn judged_constant(delays: &[Duration]) -> bool {
     let checks = judge_jitter(delays, delays.len()).expect("enough samples");
-    checks.iter().all(|c| c.verdict == Verdict::NonStrict)
+    checks.iter().all(|c| c.verdict != Verdict::Pass)
 }
 
 /// How often `draw` (12 first delays) is judged constant in `trials`.
@@ -976,8 +1120,19 @@ fn a_constant_delay_with_scheduling_noise_is_caught() {
 fn the_jitter_finding_reports_the_spread_it_saw() {
     let d: Vec<Duration> = (0..12).map(|i| ms(480 + i)).collect();
     let checks = judge_jitter(&d, 12).expect("judged");
+    // Full jitter as the schedule is a SHOULD; jitter at all is a MUST.
+    let levels: Vec<(&str, Verdict)> = checks
+        .iter()
+        .map(|c| (c.clause.as_str(), c.verdict))
+        .collect();
+    assert_eq!(
+        levels,
+        [
+            ("idem.client.backoff-jitter", Verdict::NonStrict),
+            ("idem.client.no-unjittered-backoff", Verdict::Fail),
+        ]
+    );
     let c = &checks[0];
-    assert_eq!(c.verdict, Verdict::NonStrict);
     assert!(
         c.observed.contains("0.009 s (0.480 s to 0.489 s)"),
         "{}",
