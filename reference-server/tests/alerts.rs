@@ -19,8 +19,7 @@
 //! (`--nocapture`).
 #![allow(clippy::unwrap_used)]
 
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -37,26 +36,6 @@ const REAPER_ALERT: &str = "IdemReaperFailing";
 
 const TEST: &str = "every_store_fault_puts_the_store_outage_alert_pending";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
 fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(15))
@@ -66,12 +45,7 @@ fn http() -> reqwest::Client {
 
 /// A Prometheus of the test's own scraping `targets` and evaluating the
 /// shipped alert rules, both every second; killed on drop.
-struct Prometheus {
-    _child: tokio::process::Child,
-    _dir: TempDir,
-    base: String,
-    http: reqwest::Client,
-}
+struct Prometheus(idem_test_support::Prometheus);
 
 impl Prometheus {
     async fn start(binary: &Path, targets: &[String]) -> Self {
@@ -79,58 +53,21 @@ impl Prometheus {
             .join("../ops/prometheus/idem-alerts.yml")
             .canonicalize()
             .unwrap();
-        let dir = TempDir::new("idem-alerts-prom");
-        let config = dir.join("prometheus.yml");
         let list = targets
             .iter()
             .map(|t| format!("'{t}'"))
             .collect::<Vec<_>>()
             .join(", ");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
-                 rule_files:\n  - '{}'\n\
-                 scrape_configs:\n  - job_name: idem\n    scrape_timeout: 900ms\n    \
-                 static_configs:\n      - targets: [{list}]\n",
-                rules.display()
-            ),
-        )
-        .unwrap();
-        let port = free_port();
-        let child = tokio::process::Command::new(binary)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start prometheus");
-        let p = Self {
-            _child: child,
-            _dir: dir,
-            base: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .unwrap(),
-        };
-        let deadline = Instant::now() + GUARD;
-        loop {
-            let ready = p.http.get(format!("{}/-/ready", p.base)).send().await;
-            if ready.is_ok_and(|r| r.status().is_success()) {
-                break;
-            }
-            assert!(Instant::now() < deadline, "prometheus never became ready");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let config = format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n\
+             rule_files:\n  - '{}'\n\
+             scrape_configs:\n  - job_name: idem\n    scrape_timeout: 900ms\n    \
+             static_configs:\n      - targets: [{list}]\n",
+            rules.display()
+        );
+        let p = Self(idem_test_support::Prometheus::start(binary, &config, GUARD).await);
         // The shipped rules loaded: every alert of the file is known.
-        let v = p.get("/api/v1/rules").await;
+        let v = p.0.get("/api/v1/rules").await;
         let names: Vec<String> = v["data"]["groups"]
             .as_array()
             .unwrap()
@@ -142,23 +79,9 @@ impl Prometheus {
         p
     }
 
-    async fn get(&self, path: &str) -> serde_json::Value {
-        let v: serde_json::Value = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(v["status"], "success", "{path}: {v}");
-        v
-    }
-
     /// The state (`pending`, `firing`) of `alert` for `instance`, if active.
     async fn alert_state(&self, alert: &str, instance: &str) -> Option<String> {
-        let v = self.get("/api/v1/alerts").await;
+        let v = self.0.get("/api/v1/alerts").await;
         v["data"]["alerts"]
             .as_array()
             .unwrap()
@@ -169,15 +92,7 @@ impl Prometheus {
 
     /// The sum of `query` (0 when it has no series).
     async fn sum(&self, query: &str) -> f64 {
-        let v = self
-            .get(&format!("/api/v1/query?query={}", encode(query)))
-            .await;
-        v["data"]["result"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["value"][1].as_str().unwrap().parse::<f64>().unwrap())
-            .sum()
+        self.0.query(query).await.iter().map(|(_, v)| v).sum()
     }
 
     /// Polls until every target has been scraped up.
@@ -339,18 +254,6 @@ async fn drive(
     }
 }
 
-fn prometheus_binary() -> Option<PathBuf> {
-    let path = PathBuf::from("/usr/bin/prometheus");
-    if path.exists() {
-        return Some(path);
-    }
-    idem_test_support::skip_without(
-        TEST,
-        "/usr/bin/prometheus is not installed (Debian's prometheus package)",
-    );
-    None
-}
-
 async fn pg_admin(cluster: &PgCluster) -> sqlx::PgConnection {
     let mut c = sqlx::PgConnection::connect(&cluster.url()).await.unwrap();
     // This session stays writable whatever the cluster's default becomes.
@@ -377,7 +280,7 @@ async fn set_read_only(admin: &mut sqlx::PgConnection, on: bool) {
 // clause: idem.store.fail-closed
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_store_fault_puts_the_store_outage_alert_pending() {
-    let Some(binary) = prometheus_binary() else {
+    let Some(binary) = idem_test_support::Prometheus::binary(TEST) else {
         return;
     };
     let Some(fs) = Tmpfs::mount("3m", TEST) else {

@@ -15,8 +15,7 @@
 //! Every wait is a poll of the query API (or the server) with a deadline.
 #![allow(clippy::unwrap_used)]
 
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::path::Path;
 use std::time::Duration;
 
 use idem_fake_processor::{ControlMode, ControlRequest, spawn_in_process};
@@ -29,123 +28,23 @@ const GUARD: Duration = Duration::from_secs(40);
 const TRANSFER: &str = r#"{"from":"acc_alice_main","to":"acc_alice_savings","amount":1}"#;
 const PAYMENT: &str = r#"{"amount":4200,"currency":"eur","source":"tok_prom"}"#;
 
-/// Debian's binary, or `None` with a loud SKIPPED line; in CI (`.ci/run`
-/// exports `IDEM_CI=1` and installs the package) a missing binary fails the
-/// test instead (`idem_test_support::skip_without`).
-fn prometheus_binary() -> Option<PathBuf> {
-    let path = PathBuf::from("/usr/bin/prometheus");
-    if path.exists() {
-        return Some(path);
-    }
-    idem_test_support::skip_without(
-        "prometheus_counts_exactly_the_scripted_traffic",
-        "/usr/bin/prometheus is not installed (Debian's prometheus package)",
-    );
-    None
-}
-
-/// Percent-encodes a query parameter (everything but unreserved characters).
-fn encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A Prometheus of the test's own: temp config and storage, 127.0.0.1,
-/// scraping `target` every 250 ms; killed on drop.
-struct Prometheus {
-    _child: tokio::process::Child,
-    _dir: TempDir,
-    base: String,
-    http: reqwest::Client,
-}
+/// A Prometheus of the test's own, scraping `target` every 250 ms; killed on
+/// drop.
+struct Prometheus(idem_test_support::Prometheus);
 
 impl Prometheus {
-    async fn start(binary: &PathBuf, target: &str) -> Self {
-        let dir = TempDir::new("idem-prometheus");
-        let config = dir.join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 250ms\n  evaluation_interval: 250ms\n\
-                 scrape_configs:\n  - job_name: idem\n    scrape_timeout: 200ms\n    \
-                 static_configs:\n      - targets: ['{target}']\n"
-            ),
-        )
-        .unwrap();
-        let port = free_port();
-        let child = tokio::process::Command::new(binary)
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start prometheus");
-        let p = Self {
-            _child: child,
-            _dir: dir,
-            base: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(5))
-                .build()
-                .unwrap(),
-        };
-        let deadline = Instant::now() + GUARD;
-        loop {
-            let ready = p.http.get(format!("{}/-/ready", p.base)).send().await;
-            if ready.is_ok_and(|r| r.status().is_success()) {
-                return p;
-            }
-            assert!(Instant::now() < deadline, "prometheus never became ready");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    async fn start(binary: &Path, target: &str) -> Self {
+        let config = format!(
+            "global:\n  scrape_interval: 250ms\n  evaluation_interval: 250ms\n\
+             scrape_configs:\n  - job_name: idem\n    scrape_timeout: 200ms\n    \
+             static_configs:\n      - targets: ['{target}']\n"
+        );
+        Self(idem_test_support::Prometheus::start(binary, &config, GUARD).await)
     }
 
     /// The instant vector of `query` as (labels, value) pairs.
     async fn query(&self, query: &str) -> Vec<(serde_json::Value, f64)> {
-        let v: serde_json::Value = self
-            .http
-            .get(format!(
-                "{}/api/v1/query?query={}",
-                self.base,
-                encode(query)
-            ))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(v["status"], "success", "{query}: {v}");
-        v["data"]["result"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                let value = r["value"][1].as_str().unwrap().parse::<f64>().unwrap();
-                (r["metric"].clone(), value)
-            })
-            .collect()
+        self.0.query(query).await
     }
 
     /// The one value of `query` (absent: `None`).
@@ -357,15 +256,7 @@ async fn check_rules_and_dashboard(prom: &Prometheus) {
         exprs.push(expr);
     }
     assert!(exprs.len() >= dashboard_exprs + 7, "every alert rule read");
-    let v: serde_json::Value = prom
-        .http
-        .get(format!("{}/api/v1/label/__name__/values", prom.base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = prom.0.get("/api/v1/label/__name__/values").await;
     let exposed: Vec<&str> = v["data"]
         .as_array()
         .unwrap()
@@ -401,7 +292,9 @@ fn req(route: &str, outcome: &str) -> String {
 // clause: idem.completer.drives, idem.lease.fencing
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_counts_exactly_the_scripted_traffic() {
-    let Some(binary) = prometheus_binary() else {
+    let Some(binary) =
+        idem_test_support::Prometheus::binary("prometheus_counts_exactly_the_scripted_traffic")
+    else {
         return;
     };
     let dir = TempDir::new("idem-prom");

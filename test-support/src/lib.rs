@@ -18,6 +18,8 @@
 //! - [`mod@pg`]: [`PgCluster`], a PostgreSQL cluster of a test's own, to
 //!   stop and start under a running server; [`mod@mariadb`]: [`MariaDb`],
 //!   the same for MariaDB (and to make read-only).
+//! - [`mod@prometheus`]: [`Prometheus`], a real Prometheus server of a
+//!   test's own, and the HTTP API queries the suites make of it.
 //! - [`Tmpfs`]: a small tmpfs mounted for one test (root only), to fill a
 //!   filesystem for real.
 //! - [`skip_without`]: what a test does when a component it needs is
@@ -28,6 +30,7 @@ pub mod child;
 pub mod db;
 pub mod mariadb;
 pub mod pg;
+pub mod prometheus;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,6 +41,7 @@ pub use child::{ChildServer, READY_PREFIX, SpawnError};
 pub use db::{Backend, MYSQL_URL_ENV, TestDb, mysql_url_with_database};
 pub use mariadb::MariaDb;
 pub use pg::PgCluster;
+pub use prometheus::Prometheus;
 
 /// The variable `.ci/run` exports (`IDEM_CI=1`): with it, or with the
 /// conventional `CI` of hosted runners, a test that cannot find a component
