@@ -19,6 +19,8 @@
 //! (`--nocapture`).
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
@@ -110,14 +112,7 @@ impl Prometheus {
 
 /// One `POST /v1/transfers`: (status, problem code).
 async fn transfer(client: &reqwest::Client, base: &str, key: &str) -> (Option<u16>, String) {
-    let r = client
-        .post(format!("{base}/v1/transfers"))
-        .header("authorization", "Bearer demo-alice")
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(r#"{"from":"acc_alice_main","to":"acc_alice_savings","amount":1}"#)
-        .send()
-        .await;
+    let r = support::alice_transfer(client, base, key).send().await;
     match r {
         Ok(r) => {
             let status = r.status().as_u16();

@@ -16,6 +16,8 @@
 //! printed (the window the book describes).
 #![allow(clippy::unwrap_used)]
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
@@ -63,14 +65,7 @@ struct Answer {
 }
 
 async fn transfer(client: &reqwest::Client, base: &str, key: &str) -> Answer {
-    let r = client
-        .post(format!("{base}/v1/transfers"))
-        .header("authorization", "Bearer demo-alice")
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(r#"{"from":"acc_alice_main","to":"acc_alice_savings","amount":1}"#)
-        .send()
-        .await;
+    let r = support::alice_transfer(client, base, key).send().await;
     let at = Instant::now();
     match r {
         Ok(r) => {

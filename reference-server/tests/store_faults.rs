@@ -78,14 +78,7 @@ type Pred = Box<dyn Fn(&[Shot]) -> bool + Send>;
 /// One `POST /v1/transfers` of 1 unit from alice's main account.
 async fn shoot(client: &reqwest::Client, base: &str, key: &str) -> Shot {
     let sent = Instant::now();
-    let r = client
-        .post(format!("{base}/v1/transfers"))
-        .header("authorization", "Bearer demo-alice")
-        .header("idempotency-key", key)
-        .header("content-type", "application/json")
-        .body(r#"{"from":"acc_alice_main","to":"acc_alice_savings","amount":1}"#)
-        .send()
-        .await;
+    let r = support::alice_transfer(client, base, key).send().await;
     let took = sent.elapsed();
     match r {
         Ok(r) => {

@@ -89,6 +89,18 @@ pub fn transfer(token: &str, key: Option<&str>, body: &str) -> Request<Body> {
     b.body(Body::from(body.to_owned())).unwrap()
 }
 
+/// A POST of 1 unit between alice's accounts with `key`, over HTTP to a
+/// server process at `base`: the request the process-level suites load it
+/// with (each reads what it needs of the answer).
+pub fn alice_transfer(client: &reqwest::Client, base: &str, key: &str) -> reqwest::RequestBuilder {
+    client
+        .post(format!("{base}/v1/transfers"))
+        .header("authorization", "Bearer demo-alice")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(move_body("alice", 1))
+}
+
 pub fn move_body(caller: &str, amount: i64) -> String {
     format!(r#"{{"from":"acc_{caller}_main","to":"acc_{caller}_savings","amount":{amount}}}"#)
 }
