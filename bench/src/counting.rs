@@ -6,7 +6,6 @@
 //! ([`crate::pg`]).
 
 use std::path::Path;
-use std::time::Duration;
 
 use crate::apps::{Bins, MinimalStart, Stack, start_minimal};
 use crate::child::ChildServer;
@@ -131,7 +130,7 @@ async fn count_one(
     let r = load::run(Load {
         addr: child.addr,
         concurrency: c,
-        duration: Duration::from_secs(60),
+        duration: load::COUNTED_PASS_BOUND,
         max_requests: Some(cfg.count_requests),
         per_worker: None,
         make,

@@ -82,6 +82,11 @@ pub struct LoadResult {
     pub p99_ms: f64,
 }
 
+/// The time bound of a pass that stops by its count of requests
+/// (`max_requests` or `per_worker`): never reached by a healthy run, it only
+/// ends a stalled one.
+pub const COUNTED_PASS_BOUND: Duration = Duration::from_secs(60);
+
 /// Most reconnects one worker tries before it gives up on the cell.
 const MAX_RECONNECTS: u32 = 5;
 /// Hard bound on a cell, whatever its duration says.

@@ -4,7 +4,6 @@
 //! their effects are counted in the database itself, not asked of the app.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use super::headers::{key, user};
 use super::minimal::note;
@@ -43,7 +42,7 @@ pub async fn run(
     let r = load::run(Load {
         addr: app.addr,
         concurrency: cfg.concurrent_requests,
-        duration: Duration::from_secs(60),
+        duration: load::COUNTED_PASS_BOUND,
         max_requests: None,
         per_worker: Some(1),
         make,

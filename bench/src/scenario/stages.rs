@@ -77,7 +77,7 @@ async fn pass(
     let r = load::run(Load {
         addr,
         concurrency: c,
-        duration: Duration::from_secs(60),
+        duration: load::COUNTED_PASS_BOUND,
         max_requests: Some(cfg.count_requests),
         per_worker: None,
         make,

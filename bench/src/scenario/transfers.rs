@@ -6,7 +6,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 
@@ -84,7 +83,7 @@ pub async fn prewarm(addr: SocketAddr, callers: usize, per_caller: usize) -> Res
     let r = load::run(Load {
         addr,
         concurrency: callers,
-        duration: Duration::from_secs(60),
+        duration: load::COUNTED_PASS_BOUND,
         max_requests: None,
         make,
         expect: Expect {
