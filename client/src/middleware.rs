@@ -46,7 +46,9 @@ use std::time::{Duration, Instant};
 use http::Extensions;
 use http::HeaderName;
 use idem_spec::IdempotencyKey;
-use idem_spec::headers::{IDEMPOTENCY_KEY, REQUEST_DEADLINE_MS, RETRY_AFTER};
+use idem_spec::headers::{
+    IDEMPOTENCY_KEY, REQUEST_DEADLINE_MAX_MS, REQUEST_DEADLINE_MS, RETRY_AFTER,
+};
 use reqwest::header::HeaderValue;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
@@ -526,13 +528,14 @@ impl Middleware for RetryMiddleware {
                     .insert(name.clone(), HeaderValue::from(number));
             }
             if self.deadline_header {
-                // Taken when the attempt is built, so it never exceeds what this loop will
-                // wait (clause `idem.client.deadline-header-truthful`); a caller's own value
-                // is replaced, since only this loop knows what is left.
-                let left = policy.remaining(self.elapsed(start));
+                // From the same instant as the attempt's timeout, so it never exceeds what
+                // this loop will wait (clause `idem.client.deadline-header-truthful`); a
+                // caller's own value is replaced, since only this loop knows what is left.
                 attempt.headers_mut().insert(
                     REQUEST_DEADLINE_MS,
-                    HeaderValue::from(millis(left).min(999_999_999)),
+                    HeaderValue::from(
+                        millis(policy.remaining(elapsed)).min(REQUEST_DEADLINE_MAX_MS),
+                    ),
                 );
             }
             extensions.insert(AttemptInfo { number, timeout });

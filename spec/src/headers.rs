@@ -19,6 +19,10 @@ pub const REQUEST_DEADLINE_MS: &str = "Request-Deadline-Ms";
 /// The most digits a [`REQUEST_DEADLINE_MS`] value may have (about 11 days).
 pub const REQUEST_DEADLINE_MAX_DIGITS: usize = 9;
 
+/// The largest [`REQUEST_DEADLINE_MS`] value: [`REQUEST_DEADLINE_MAX_DIGITS`]
+/// nines. A sender with more time left sends this.
+pub const REQUEST_DEADLINE_MAX_MS: u64 = 999_999_999;
+
 /// Parses a [`REQUEST_DEADLINE_MS`] value: 1 to 9 ASCII digits, nothing
 /// else (no sign, unit, fraction or surrounding space beyond what HTTP
 /// trims). `None` for anything else, which a receiver ignores.
