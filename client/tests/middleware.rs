@@ -695,6 +695,7 @@ async fn every_attempt_carries_what_is_left_of_the_deadline() {
     assert!(values.windows(2).all(|w| w[1] <= w[0]), "{values:?}");
 }
 
+// clause: idem.client.deadline-header
 #[tokio::test]
 async fn the_deadline_header_can_be_turned_off() {
     let (url, script) = serve(vec![answer(201)]).await;
