@@ -43,12 +43,21 @@
 //! tower clones the policy for each request (`Retry::call`), and each clone starts a fresh
 //! operation: its own attempt count, jitter stream and deadline, sharing the budgets and the
 //! seed stream of the policy it was cloned from.
+//!
+//! Every attempt carries [`REQUEST_DEADLINE_MS`], what is left of the policy's deadline in
+//! milliseconds (clause `idem.client.deadline-header`), unless
+//! [`IdemRetryLayer::without_deadline_header`] turns it off. A policy cannot touch the first
+//! attempt, and what it could write on a retry is read before its sleep, so the layer marks the
+//! request with the operation's end and a service *inside* the retry writes the value as each
+//! attempt leaves: it never exceeds what is left (`idem.client.deadline-header-truthful`).
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
 use http::{HeaderName, HeaderValue, Request, Response};
-use idem_spec::headers::{IDEMPOTENCY_KEY, RETRY_AFTER};
+use idem_spec::headers::{
+    IDEMPOTENCY_KEY, REQUEST_DEADLINE_MAX_MS, REQUEST_DEADLINE_MS, RETRY_AFTER,
+};
 use tokio::time::Instant;
 
 use crate::budget::{OriginBudgets, RetryBudget};
@@ -345,13 +354,23 @@ where
     }
 }
 
+/// When the operation a request belongs to must end: put in its extensions by [`AutoKey`]
+/// (outside the retry, so before the policy's own clock starts) and read by [`DeadlineHeader`]
+/// on each attempt. Starting earlier than the policy's clock keeps the value sent at or below
+/// what the policy will still wait.
+#[derive(Debug, Clone, Copy)]
+struct OperationEnd(Instant);
+
 /// Adds a minted `Idempotency-Key` to a non-idempotent request that has none, before the retry
-/// layer sees it, so every attempt carries the same key.
+/// layer sees it, so every attempt carries the same key; and marks the request with the end of
+/// its operation's deadline, for [`DeadlineHeader`].
 #[derive(Debug, Clone)]
 pub struct AutoKey<S> {
     inner: S,
     /// Off: requests pass untouched (a request without a key stays without one).
     mint: bool,
+    /// The policy's deadline, when the deadline header is on.
+    deadline: Option<std::time::Duration>,
 }
 
 impl<S, B> ::tower::Service<Request<B>> for AutoKey<S>
@@ -374,16 +393,56 @@ where
         {
             req.headers_mut().insert(IDEMPOTENCY_KEY, value);
         }
+        if let Some(deadline) = self.deadline {
+            // A deadline too far to represent is as good as none: no header then.
+            if let Some(end) = Instant::now().checked_add(deadline) {
+                req.extensions_mut().insert(OperationEnd(end));
+            }
+        }
         self.inner.call(req)
     }
 }
 
-/// The layer: automatic keys (on by default) outside a `tower::retry::Retry` running
-/// [`IdemRetryPolicy`].
+/// Writes [`REQUEST_DEADLINE_MS`] on each attempt as it leaves, from the operation's end that
+/// [`AutoKey`] marked the request with (a caller's own value is replaced, since only the retry
+/// knows what is left). A request without the mark passes untouched.
+#[derive(Debug, Clone)]
+pub struct DeadlineHeader<S> {
+    inner: S,
+}
+
+impl<S, B> ::tower::Service<Request<B>> for DeadlineHeader<S>
+where
+    S: ::tower::Service<Request<B>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        if let Some(OperationEnd(end)) = req.extensions().get::<OperationEnd>().copied() {
+            let left = end.saturating_duration_since(Instant::now());
+            let ms = u64::try_from(left.as_millis())
+                .unwrap_or(u64::MAX)
+                .min(REQUEST_DEADLINE_MAX_MS);
+            req.headers_mut()
+                .insert(REQUEST_DEADLINE_MS, HeaderValue::from(ms));
+        }
+        self.inner.call(req)
+    }
+}
+
+/// The layer: automatic keys (on by default) and the deadline header (on by default) around a
+/// `tower::retry::Retry` running [`IdemRetryPolicy`].
 #[derive(Debug, Clone)]
 pub struct IdemRetryLayer<E = BoxError> {
     policy: IdemRetryPolicy<E>,
     auto_keys: bool,
+    deadline_header: bool,
 }
 
 impl Default for IdemRetryLayer<BoxError> {
@@ -393,11 +452,12 @@ impl Default for IdemRetryLayer<BoxError> {
 }
 
 impl<E> IdemRetryLayer<E> {
-    /// A layer running `policy`, with automatic keys.
+    /// A layer running `policy`, with automatic keys and the deadline header.
     pub fn new(policy: IdemRetryPolicy<E>) -> Self {
         Self {
             policy,
             auto_keys: true,
+            deadline_header: true,
         }
     }
 
@@ -406,18 +466,30 @@ impl<E> IdemRetryLayer<E> {
         self.auto_keys = on;
         self
     }
+
+    /// Stops sending [`REQUEST_DEADLINE_MS`] (on by default, clause
+    /// `idem.client.deadline-header`). For an API that rejects unknown headers; the deadline
+    /// itself still holds.
+    pub fn without_deadline_header(mut self) -> Self {
+        self.deadline_header = false;
+        self
+    }
 }
 
 /// The service [`IdemRetryLayer`] builds.
-pub type IdemRetry<S, E = BoxError> = AutoKey<::tower::retry::Retry<IdemRetryPolicy<E>, S>>;
+pub type IdemRetry<S, E = BoxError> =
+    AutoKey<::tower::retry::Retry<IdemRetryPolicy<E>, DeadlineHeader<S>>>;
 
 impl<S, E> ::tower::Layer<S> for IdemRetryLayer<E> {
     type Service = IdemRetry<S, E>;
 
     fn layer(&self, inner: S) -> Self::Service {
         AutoKey {
-            inner: ::tower::retry::Retry::new(self.policy.clone(), inner),
+            inner: ::tower::retry::Retry::new(self.policy.clone(), DeadlineHeader { inner }),
             mint: self.auto_keys,
+            deadline: self
+                .deadline_header
+                .then(|| self.policy.policy().remaining(std::time::Duration::ZERO)),
         }
     }
 }

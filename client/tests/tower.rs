@@ -317,3 +317,63 @@ mod hyper_client {
         assert_eq!(*calls.lock().expect("lock"), 10);
     }
 }
+
+// clause: idem.client.deadline-header, idem.client.deadline-header-truthful
+#[tokio::test(start_paused = true)]
+async fn every_attempt_carries_what_is_left_of_the_deadline_as_it_leaves() {
+    let script = Script::new(vec![Ok(status(503)), Ok(status(503)), Ok(status(201))]);
+    let policy = RetryPolicy {
+        deadline: Duration::from_secs(5),
+        backoff: Backoff {
+            base: Duration::from_millis(300),
+            cap: Duration::from_millis(900),
+            jitter: Jitter::Full,
+        },
+        ..RetryPolicy::default()
+    };
+    let svc = ServiceBuilder::new()
+        .layer(IdemRetryLayer::new(
+            IdemRetryPolicy::new(policy).with_seed(7),
+        ))
+        .service(script.service());
+    let start = tokio::time::Instant::now();
+    let mut req = post();
+    // A caller's own value is replaced: only the retry knows what is left.
+    req.headers_mut().insert(
+        idem_spec::headers::REQUEST_DEADLINE_MS,
+        http::HeaderValue::from_static("999999"),
+    );
+    let resp = svc.oneshot(req).await.expect("response");
+    assert_eq!(resp.status().as_u16(), 201);
+    let slept = start.elapsed();
+    let values: Vec<u64> = script
+        .header("request-deadline-ms")
+        .iter()
+        .map(|v| {
+            v.as_deref()
+                .expect("every attempt carries it")
+                .parse()
+                .expect("digits")
+        })
+        .collect();
+    assert_eq!(values.len(), 3);
+    // Time is paused, so it moves only by the two backoff sleeps: the first attempt carries the
+    // whole deadline and the last the deadline less both sleeps, in whole milliseconds.
+    assert_eq!(values[0], 5000);
+    assert!(slept > Duration::ZERO, "the retries slept");
+    let last_left = Duration::from_secs(5) - slept;
+    assert_eq!(u128::from(values[2]), last_left.as_millis());
+    assert!(values.windows(2).all(|w| w[1] <= w[0]), "{values:?}");
+}
+
+// clause: idem.client.deadline-header
+#[tokio::test]
+async fn the_deadline_header_can_be_turned_off_under_tower() {
+    let script = Script::new(vec![Ok(status(503)), Ok(status(201))]);
+    let svc = ServiceBuilder::new()
+        .layer(IdemRetryLayer::new(IdemRetryPolicy::new(fast())).without_deadline_header())
+        .service(script.service());
+    let resp = svc.oneshot(post()).await.expect("response");
+    assert_eq!(resp.status().as_u16(), 201);
+    assert_eq!(script.header("request-deadline-ms"), [None, None]);
+}
