@@ -91,14 +91,18 @@ where
             SingleTx::Open(_) | SingleTx::Deferred => {}
         }
         let Some((inner, parts)) = self.pending.take() else {
-            // It ran once and lost its final write, and the winner's
-            // record is already replaceable again (reaped, or its
-            // window over): a request never executes twice, so answer a
-            // retryable 409.
+            // It ran once and lost its commit, yet no record of this key
+            // stands in the way: it lost to another key's transaction (a
+            // Galera certification conflict on a shared business row), or
+            // the winner's record is already replaceable again (reaped, or
+            // its window over). Nothing of it was written, and a request
+            // never executes twice, so it is answered as the conflict it
+            // was: the store's retryable 503 with `Retry-After` (not "key
+            // in use": no request holds this key).
             if let SingleTx::Open(tx) = tx {
                 engine.store().rollback(tx).await?;
             }
-            return Err(engine.in_use());
+            return Err(Error::Conflict);
         };
         let acted = execute(
             engine,
