@@ -17,7 +17,8 @@
 //! - [`TempDir`]: a directory under the system temp dir, removed on drop.
 //! - [`mod@pg`]: [`PgCluster`], a PostgreSQL cluster of a test's own, to
 //!   stop and start under a running server; [`mod@mariadb`]: [`MariaDb`],
-//!   the same for MariaDB (and to make read-only).
+//!   the same for MariaDB (and to make read-only); [`mod@galera`]:
+//!   [`Galera`], a multi-primary MariaDB cluster of several nodes.
 //! - [`mod@prometheus`]: [`Prometheus`], a real Prometheus server of a
 //!   test's own, and the HTTP API queries the suites make of it.
 //! - [`Tmpfs`]: a small tmpfs mounted for one test (root only), to fill a
@@ -28,6 +29,7 @@
 
 pub mod child;
 pub mod db;
+pub mod galera;
 pub mod mariadb;
 pub mod pg;
 pub mod prometheus;
@@ -39,6 +41,7 @@ use std::sync::{Mutex, OnceLock};
 
 pub use child::{ChildServer, READY_PREFIX, SpawnError};
 pub use db::{Backend, MYSQL_URL_ENV, TestDb, mysql_url_with_database};
+pub use galera::Galera;
 pub use mariadb::MariaDb;
 pub use pg::PgCluster;
 pub use prometheus::Prometheus;

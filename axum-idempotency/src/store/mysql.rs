@@ -7,7 +7,8 @@
 //! MySQL has no transaction-scoped advisory lock. `GET_LOCK` belongs to the
 //! *connection*, not the transaction, so a lock taken by a request that
 //! failed halfway leaks to whichever request gets that pooled connection
-//! next; Galera refuses it outright. So the claim is the unique (caller,
+//! next; on Galera it is local to one node, so it excludes nothing across
+//! nodes. So the claim is the unique (caller,
 //! key) primary key, as the contract ranks first (clause
 //! `idem.claim.atomic`):
 //!
