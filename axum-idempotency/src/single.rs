@@ -15,16 +15,17 @@ use std::future::Future;
 use axum::body::Body;
 use axum::http::request::Parts;
 use axum::http::{HeaderName, Request, Response};
-use idem_spec::RecoveryPoint;
+use idem_spec::{KeyState, RecoveryPoint};
 use tracing::Instrument;
 
+use crate::clock::Millis;
 use crate::engine::{Acted, Engine, Route};
 use crate::error::{Error, Result};
 use crate::failpoint::{Failpoints, Position};
 use crate::registry::RegistryGuard;
 use crate::request::Incoming;
 use crate::settle::{Recorded, injected_error};
-use crate::store::{ClaimRequest, KeyStore, SingleTx, stored_response};
+use crate::store::{ClaimRequest, KeyRecord, KeyStore, SingleTx, stored_response};
 use crate::tx::{Finished, IdemTx};
 
 /// One request on a single-phase endpoint, not yet executed.
@@ -214,6 +215,18 @@ where
         if let Some(tx) = tx {
             engine.store().rollback(tx).await?;
         }
+        // Where a peer can commit this key while our claim is open (a
+        // Galera node), the failure may be this request losing to it: the
+        // winner's write set aborted our statement. When the key now has a
+        // winner, answer from it, as after a commit lost to it.
+        if engine.store().peers_can_commit_during_claim()
+            && let Ok(Some(record)) = engine.store().lookup(&incoming.id).await
+            && has_winner(&record, engine.clock().now_ms())
+        {
+            tracing::info!(key_hash = %incoming.id, status,
+                "endpoint failed while a peer won the key; answering from the winner");
+            return Ok(Acted::LostRace);
+        }
         tracing::info!(key_hash = %incoming.id, status, "server error: not stored; key released");
         return Ok(Acted::Answered(Response::from_parts(
             parts,
@@ -241,6 +254,15 @@ where
         Recorded::Committed => Acted::Answered(Response::from_parts(parts, Body::from(body))),
         Recorded::Lost => Acted::LostRace,
     })
+}
+
+/// Whether `record` belongs to a request that won the key: complete and
+/// replayable, or in flight under a live lease. An older record this
+/// request's (rolled back) claim would have replaced is neither.
+fn has_winner(record: &KeyRecord, now: Millis) -> bool {
+    record.replayable(now)
+        || (record.state == KeyState::InFlight
+            && record.lease_expires_at.is_some_and(|end| now < end))
 }
 
 async fn call<S>(mut inner: S, req: Request<Body>) -> Response<Body>

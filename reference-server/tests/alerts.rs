@@ -1,7 +1,8 @@
 //! The store-outage page fires for every fault it is named for, on every
-//! store: four idem-server processes, each on a store that then fails for
+//! store: six idem-server processes, each on a store that then fails for
 //! real (SQLite locked by another process, SQLite on a full disk, a
-//! PostgreSQL cluster stopped, a PostgreSQL cluster made read-only), are
+//! PostgreSQL cluster stopped, a PostgreSQL cluster made read-only, a
+//! MariaDB server killed, a MariaDB server made read-only), are
 //! scraped by a real Prometheus (Debian's `prometheus`) that evaluates the
 //! shipped rules, `ops/prometheus/idem-alerts.yml`, every second. For each
 //! fault, traffic runs until Prometheus reports `IdemStoreUnavailable`
@@ -10,8 +11,9 @@
 //! `store_unavailable`, never
 //! `server_error_released`. Then the fault is removed and the same process
 //! answers `201` again, without a restart. And `IdemReaperFailing` fires
-//! for a fifth server whose reaper passes (every second) all fail on a
-//! locked SQLite store, and resolves once the lock is released.
+//! for two more servers whose reaper passes (every second) all fail, one on
+//! a locked SQLite store, one on a stopped PostgreSQL cluster, and resolves
+//! once the fault is removed.
 //!
 //! The rule's `for: 5m` is not waited out: pending is the state the rule's
 //! expression being true puts an alert in, and firing follows from it by
@@ -25,7 +27,7 @@ use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
-use idem_test_support::{ChildServer, PgCluster, TempDir, Tmpfs};
+use idem_test_support::{ChildServer, MariaDb, PgCluster, TempDir, Tmpfs};
 use sqlx::Connection;
 use tokio::time::Instant;
 
@@ -285,6 +287,11 @@ async fn every_store_fault_puts_the_store_outage_alert_pending() {
         return;
     };
     let pg_read_only = PgCluster::start(TEST).unwrap();
+    let pg_reaper = PgCluster::start(TEST).unwrap();
+    let Some(my_stopped) = MariaDb::start(TEST) else {
+        return;
+    };
+    let my_read_only = MariaDb::start(TEST).unwrap();
     let started = Instant::now();
     let dir = TempDir::new("idem-alerts");
     let locked_url = format!("sqlite://{}", dir.join("idem.db").display());
@@ -293,6 +300,8 @@ async fn every_store_fault_puts_the_store_outage_alert_pending() {
     let full = start_server(&full_url, &[]).await;
     let stopped = start_server(&pg_stopped.url(), &[]).await;
     let read_only = start_server(&pg_read_only.url(), &[]).await;
+    let my_killed = start_server(&my_stopped.url(), &[]).await;
+    let my_ro = start_server(&my_read_only.url(), &[]).await;
     // (e) The reaper's passes on a locked SQLite store, every second. The
     // lock is taken before Prometheus first scrapes this server, so the
     // Prometheus sees only failing passes: what one that has watched 30
@@ -306,7 +315,21 @@ async fn every_store_fault_puts_the_store_outage_alert_pending() {
         .await
         .unwrap();
     wait_failed_passes(&reaper, 2.0).await;
-    let servers = [&locked, &full, &stopped, &read_only, &reaper];
+    // (h) The reaper's passes on a stopped PostgreSQL cluster, stopped
+    // likewise before the first scrape.
+    let pg_reaper_server = start_server(&pg_reaper.url(), &["--reaper-interval-secs", "1"]).await;
+    pg_reaper.stop_immediate();
+    wait_failed_passes(&pg_reaper_server, 2.0).await;
+    let servers = [
+        &locked,
+        &full,
+        &stopped,
+        &read_only,
+        &my_killed,
+        &my_ro,
+        &reaper,
+        &pg_reaper_server,
+    ];
     let targets: Vec<String> = servers.iter().map(|s| s.addr().to_string()).collect();
     let prom = Prometheus::start(&binary, &targets).await;
     prom.wait_up(targets.len()).await;
@@ -358,38 +381,31 @@ async fn every_store_fault_puts_the_store_outage_alert_pending() {
         set_read_only(&mut admin2, false).await;
     });
 
-    let e = async {
-        let instance = reaper.addr().to_string();
-        let failing = Instant::now();
-        let state = loop {
-            if let Some(s) = prom.alert_state(REAPER_ALERT, &instance).await {
-                break s;
-            }
-            assert!(failing.elapsed() < GUARD, "{REAPER_ALERT} never fired");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
-        // No `for`: the rule fires as soon as its expression holds.
-        assert_eq!(state, "firing");
-        let to_firing = failing.elapsed();
+    // (f) MariaDB killed like a crash (SIGKILL): every connection is cut.
+    my_stopped.stop_immediate();
+    let f = drive(&prom, "mariadb-killed", &my_killed, async {
+        my_stopped.start_again();
+    });
+
+    // (g) MariaDB read-only: the application's user has no SUPER, so
+    // `read_only` refuses its writes.
+    my_read_only.root_sql("SET GLOBAL read_only = 1");
+    let g = drive(&prom, "mariadb-read-only", &my_ro, async {
+        my_read_only.root_sql("SET GLOBAL read_only = 0");
+    });
+
+    let e = reaper_fails_then_resolves(&prom, "sqlite-locked", &reaper, async {
         sqlx::query("ROLLBACK")
             .execute(&mut reaper_lock)
             .await
             .unwrap();
-        // The next pass succeeds and the alert resolves, same process.
-        let healed = Instant::now();
-        while prom.alert_state(REAPER_ALERT, &instance).await.is_some() {
-            assert!(healed.elapsed() < GUARD, "{REAPER_ALERT} never resolved");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        eprintln!(
-            "sqlite-locked reaper: {REAPER_ALERT} firing {to_firing:?} into the drive; \
-             resolved {:?} after the lock was released",
-            healed.elapsed()
-        );
-    };
+    });
+    let h = reaper_fails_then_resolves(&prom, "postgres-stopped", &pg_reaper_server, async {
+        pg_reaper.start_again();
+    });
     let runs = {
-        let (a, b, c, d, ()) = tokio::join!(a, b, c, d, e);
-        [a, b, c, d]
+        let (a, b, c, d, f, g, (), ()) = tokio::join!(a, b, c, d, f, g, e, h);
+        [a, b, c, d, f, g]
     };
     for r in &runs {
         eprintln!(
@@ -400,4 +416,48 @@ async fn every_store_fault_puts_the_store_outage_alert_pending() {
     eprintln!("total {:?}", started.elapsed());
     drop(admin);
     drop(prom);
+}
+
+/// Waits until Prometheus fires [`REAPER_ALERT`] for `server` (whose
+/// reaper's passes have failed since before the first scrape), then runs
+/// `heal` and waits until the alert resolves: the next pass succeeds in
+/// the same process.
+async fn reaper_fails_then_resolves(
+    prom: &Prometheus,
+    name: &str,
+    server: &ChildServer,
+    heal: impl std::future::Future<Output = ()>,
+) {
+    {
+        let instance = server.addr().to_string();
+        let failing = Instant::now();
+        let state = loop {
+            if let Some(s) = prom.alert_state(REAPER_ALERT, &instance).await {
+                break s;
+            }
+            assert!(
+                failing.elapsed() < GUARD,
+                "{name}: {REAPER_ALERT} never fired"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        // No `for`: the rule fires as soon as its expression holds.
+        assert_eq!(state, "firing", "{name}");
+        let to_firing = failing.elapsed();
+        heal.await;
+        // The next pass succeeds and the alert resolves, same process.
+        let healed = Instant::now();
+        while prom.alert_state(REAPER_ALERT, &instance).await.is_some() {
+            assert!(
+                healed.elapsed() < GUARD,
+                "{name}: {REAPER_ALERT} never resolved"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        eprintln!(
+            "{name} reaper: {REAPER_ALERT} firing {to_firing:?} into the drive; \
+             resolved {:?} after the fault was removed",
+            healed.elapsed()
+        );
+    }
 }

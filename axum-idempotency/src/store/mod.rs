@@ -540,6 +540,17 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
     /// a replay.
     fn lookup(&self, id: &KeyId) -> impl Future<Output = Result<Option<KeyRecord>>> + Send;
 
+    /// Whether another server of the same database can commit a record of
+    /// a key while this one holds its uncommitted claim (a multi-primary
+    /// cluster such as Galera, whose row locks are local to a node). There
+    /// a single-phase endpoint that fails may have failed *because* such a
+    /// winner's write set aborted its transaction, so the engine looks at
+    /// the key once more and answers from the winner. Default: `false` (the
+    /// claim excludes every other writer until it ends).
+    fn peers_can_commit_during_claim(&self) -> bool {
+        false
+    }
+
     /// Opens a transaction and claims the key in it, atomically. The claim
     /// succeeds when the key is absent, past its replay window, or in flight
     /// at `started` with an expired lease; it bumps the fencing generation.

@@ -207,6 +207,10 @@ macro_rules! stores {
                 match self { $( #[cfg(feature = $feature)] Self::$variant(s) => s.lookup(id).await, )* }
             }
 
+            fn peers_can_commit_during_claim(&self) -> bool {
+                match self { $( #[cfg(feature = $feature)] Self::$variant(s) => s.peers_can_commit_during_claim(), )* }
+            }
+
             async fn claim(&self, req: &ClaimRequest<'_>) -> Result<ClaimOutcome<DbTx>> {
                 match self { $( #[cfg(feature = $feature)] Self::$variant(s) => Ok(claimed(s.claim(req).await?, DbTx::$variant)), )* }
             }
