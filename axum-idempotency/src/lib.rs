@@ -155,7 +155,10 @@
 //!   `idem_reaper_passes_total{result}` and
 //!   `idem_reaper_expired_oldest_age_seconds` (taken by the reaper's loop).
 //!
-//! Call [`metrics::describe`] once after installing the exporter. The
+//! Call [`metrics::describe`] once after installing the exporter, and
+//! [`metrics::describe_route`] for each idempotent route template, so
+//! every counter an alert takes a rate of is exported at zero before its
+//! first increment. The
 //! `otel` feature (off by default) re-exports `tracing-opentelemetry` for
 //! turning the spans into OpenTelemetry spans.
 //!

@@ -147,6 +147,24 @@ pub fn describe() {
     describe_only();
 }
 
+/// Registers `idem_requests_total` at zero for every [`Outcome`] of
+/// `route`, a route template as axum's `MatchedPath` gives it
+/// (`"/v1/transfers"`). Call it at start-up for each idempotent route,
+/// after [`describe`]: the store-outage page divides the rate of
+/// `outcome="store_unavailable"` by the rate of all requests, and a series
+/// that first appears during the outage has no earlier sample, so its
+/// first refusals would never count.
+pub fn describe_route(route: &str) {
+    for outcome in Outcome::ALL {
+        // The same label order as `record_outcome`: one series, not two.
+        let labels = [
+            ("route", route.to_owned()),
+            ("outcome", outcome.as_str().to_owned()),
+        ];
+        metrics::counter!(REQUESTS_TOTAL, &labels).absolute(0);
+    }
+}
+
 fn describe_only() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(

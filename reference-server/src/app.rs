@@ -142,6 +142,10 @@ where
     post_service(layer.layer(handler))
 }
 
+/// The idempotent routes' templates, as the engine labels their metrics
+/// (registered at zero at start-up, [`crate::ops::install`]).
+pub const IDEMPOTENT_ROUTES: &[&str] = &["/v1/transfers", "/v1/payments"];
+
 /// The routes. `POST /v1/transfers` and `POST /v1/payments` are idempotent;
 /// reads are not.
 pub fn router(state: AppState) -> Router {

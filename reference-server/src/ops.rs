@@ -66,6 +66,9 @@ pub fn install() -> Option<&'static PrometheusHandle> {
             match builder.install_recorder() {
                 Ok(handle) => {
                     axum_idempotency::metrics::describe();
+                    for route in crate::app::IDEMPOTENT_ROUTES {
+                        axum_idempotency::metrics::describe_route(route);
+                    }
                     describe();
                     let process = metrics_process::Collector::default();
                     process.describe();
