@@ -219,7 +219,9 @@ async fn drive(
     let of = |outcome: &str| {
         format!("idem_requests_total{{instance=\"{instance}\",outcome=\"{outcome}\"}}")
     };
-    assert!(prom.sum(&of("store_unavailable")).await >= 2.0, "{name}");
+    // At least the refusal that made the ratio cross: the series is
+    // exported at zero from start-up, so the first one already counts.
+    assert!(prom.sum(&of("store_unavailable")).await >= 1.0, "{name}");
     assert_eq!(
         prom.sum(&of("server_error_released")).await,
         0.0,

@@ -481,11 +481,13 @@ async fn prometheus_counts_exactly_the_scripted_traffic() {
     ];
     prom.wait_all(&second).await;
     prom.still(&second).await;
-    // No request reached the new process: its request series do not exist.
+    // No request reached the new process: its request series, exported at
+    // zero from start-up, are all still zero.
+    let requests = prom.query("idem_requests_total{job=\"idem\"}").await;
+    assert!(!requests.is_empty(), "registered at start-up");
     assert!(
-        prom.query("idem_requests_total{job=\"idem\"}")
-            .await
-            .is_empty()
+        requests.iter().all(|(_, v)| *v == 0.0),
+        "no request reached the new process: {requests:?}"
     );
     let charges = processor.client().charges().await.unwrap();
     assert_eq!(charges.count, 2, "one charge per payment");
