@@ -337,6 +337,8 @@ impl<K: KeyStore> Engine<K> {
             local,
             mut tx,
         } = seen;
+        // The key's window end as committed, for the answers below.
+        let window_end = record.as_ref().map(|r| r.replay_until);
         let held = match (&local, busy) {
             (Some(entry), _) => Held::Here(&entry.fingerprint),
             (None, true) => Held::Elsewhere,
@@ -366,8 +368,11 @@ impl<K: KeyStore> Engine<K> {
                 return Ok(Turn::Again(Again::LostRace));
             };
             let claim = self.claim_request(incoming, now);
+            let claimed_window = claim.replay_until;
             match route.claim(self, incoming, claim, tx, guard).await? {
-                Acted::Answered(response) => return Ok(Turn::Answer(response)),
+                Acted::Answered(response) => {
+                    return Ok(Turn::Answer(self.first_answer(response, claimed_window)));
+                }
                 Acted::LostRace => return Ok(Turn::Again(Again::LostRace)),
                 // New information, decided on at once: the key is in flight
                 // elsewhere, so this turn waits or answers 409.
@@ -387,12 +392,22 @@ impl<K: KeyStore> Engine<K> {
             Decision::Replay(stored) => {
                 tracing::debug!(key_hash = %incoming.id, status = stored.status, "replay");
                 let waited = incoming.wait.filter(|_| turns.waited);
-                Ok(Turn::Answer(self.replay(stored, waited)))
+                Ok(Turn::Answer(with_expiry(
+                    self.replay(stored, waited),
+                    window_end,
+                )))
             }
-            Decision::Reject(Reject::Mismatch) => Err(Error::KeyMismatch),
+            Decision::Reject(Reject::Mismatch) => Ok(Turn::Answer(with_expiry(
+                Error::KeyMismatch.into_response_in(self.config.profile),
+                window_end,
+            ))),
             Decision::Reject(Reject::InUse) => {
                 tracing::debug!(key_hash = %incoming.id, "in flight: 409");
-                Err(self.in_use_of(record.as_ref(), local.is_some(), now))
+                let refusal = self.in_use_of(record.as_ref(), local.is_some(), now);
+                Ok(Turn::Answer(with_expiry(
+                    refusal.into_response_in(self.config.profile),
+                    window_end,
+                )))
             }
             Decision::Wait => {
                 self.wait(deadline, local.as_deref()).await;
@@ -404,7 +419,10 @@ impl<K: KeyStore> Engine<K> {
                 // it; fencing refuses that holder's later commits.
                 let guard = self.registry.force_acquire(incoming);
                 match route.resume(self, incoming, guard).await? {
-                    Acted::Answered(response) => Ok(Turn::Answer(response)),
+                    Acted::Answered(response) => Ok(Turn::Answer(match window_end {
+                        Some(end) => self.first_answer(response, end),
+                        None => response,
+                    })),
                     Acted::LostRace | Acted::Busy => Ok(Turn::Again(Again::LostRace)),
                 }
             }
@@ -490,6 +508,16 @@ impl<K: KeyStore> Engine<K> {
         }
     }
 
+    /// A first execution's answer, with its window's end when its outcome
+    /// was stored (a released 5xx leaves the key absent: no window).
+    fn first_answer(&self, response: Response<Body>, window_end: Millis) -> Response<Body> {
+        if self.is_final(response.status().as_u16()) {
+            with_expiry(response, Some(window_end))
+        } else {
+            response
+        }
+    }
+
     /// Builds the replay of a stored response: status, the stored headers
     /// and body byte for byte, plus `Idempotent-Replayed: true`.
     fn replay(&self, stored: &StoredResponse, waited: Option<Duration>) -> Response<Body> {
@@ -516,6 +544,26 @@ impl<K: KeyStore> Engine<K> {
         }
         response
     }
+}
+
+/// Adds `Idempotency-Key-Expires` (the replay window's end, an HTTP-date)
+/// to an answer the key governs, when the window is known: a key whose
+/// claim has not committed yet (a single-phase request still running) has
+/// no window another request can see.
+pub(crate) fn with_expiry(
+    mut response: Response<Body>,
+    window_end: Option<Millis>,
+) -> Response<Body> {
+    let Some(end) = window_end.and_then(|ms| u64::try_from(ms).ok()) else {
+        return response;
+    };
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(end);
+    if let Ok(v) = HeaderValue::from_str(&httpdate::fmt_http_date(at)) {
+        response
+            .headers_mut()
+            .insert(HeaderName::from_static("idempotency-key-expires"), v);
+    }
+    response
 }
 
 #[cfg(test)]

@@ -79,8 +79,8 @@ fn declare(quirk: Quirk, m: &mut idem_spec::manifest::Manifest) {
             );
         }
         Quirk::MarkerValueOne => m.profile.replay_marker_value = Some("1".into()),
-        Quirk::AlwaysWait => m.policy.in_flight = InFlightMode::AlwaysWait,
-        Quirk::NoInFlightState => m.policy.in_flight = InFlightMode::None,
+        Quirk::AlwaysWait => m.policy.in_flight = InFlightMode::AlwaysWait.into(),
+        Quirk::NoInFlightState => m.policy.in_flight = InFlightMode::None.into(),
         Quirk::UuidKeys => m.key.format = idem_spec::manifest::KeyFormat::Uuid,
         Quirk::MarkerIsKey => {
             m.profile.replay_marker_value =
@@ -724,6 +724,24 @@ async fn a_failed_preflight_says_what_to_fix_and_runs_no_case() {
     );
     assert_eq!(runs, 0, "refused before the handler");
 
+    // A target that fails every fresh request (left broken by an earlier
+    // run, say) is a harness error naming that, never a finding about it.
+    let (msg, runs) = preflight_with(|m| {
+        m.endpoints[0].body =
+            serde_json::json!({ "amount": idem_zoo::SERVER_ERROR_AMOUNT, "marker": "{{marker}}" });
+    })
+    .await;
+    assert!(
+        msg.contains("500")
+            && msg.contains("the target may be broken")
+            && msg.contains("restart it"),
+        "{msg}"
+    );
+    assert_eq!(
+        runs, 1,
+        "one fresh request ran and failed; no case followed"
+    );
+
     // A probe that counts every order, not the request's: right once, then
     // wrong for the second caller's request.
     let (msg, _) = preflight_with(|m| {
@@ -1009,4 +1027,172 @@ async fn a_key_format_the_manifest_does_not_declare_is_named_by_the_preflight() 
         idem_conformance::verdict::report::console::render(&r)
     );
     zoo.shutdown().await;
+}
+
+/// Runs the cases matching `only` (all with `None`) against a zoo made
+/// with `config`, its dialect's manifest changed by `declare`.
+async fn run_declared(
+    config: ZooConfig,
+    only: Option<&str>,
+    declare: impl FnOnce(&mut idem_spec::manifest::Manifest),
+) -> Report {
+    let zoo = idem_zoo::spawn(config).await.expect("zoo starts");
+    let mut loaded = manifest_for(config.dialect, &zoo.base_url);
+    declare(&mut loaded.manifest);
+    let r = runner::run(
+        &loaded,
+        &Options {
+            seed: Some(1),
+            only: only.map(str::to_owned),
+            progress: false,
+            artifacts_dir: Some(std::env::temp_dir()),
+            strict: false,
+        },
+    )
+    .await
+    .expect("the preflight passes against the zoo");
+    zoo.shutdown().await;
+    r
+}
+
+/// Runs only `case` against a reference-dialect zoo with `defect`.
+async fn one_case_declared(
+    defect: Option<Defect>,
+    case: &str,
+    declare: impl FnOnce(&mut idem_spec::manifest::Manifest),
+) -> idem_spec::report::CaseReport {
+    let config = ZooConfig {
+        defect,
+        ..ZooConfig::default()
+    };
+    run_declared(config, Some(case), declare)
+        .await
+        .cases
+        .into_iter()
+        .find(|c| c.id == case)
+        .expect("the case ran")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failure_policy_table_is_named_while_the_contract_is_judged() {
+    // A library that stores no 4xx, and says so: the contract's finding
+    // stands (semantics), and the report names what was declared.
+    let table = r#"{"4xx": "not_stored"}"#;
+    let c = one_case_declared(
+        Some(Defect::ClientErrorReexecuted),
+        "failure.4xx-final",
+        |m| m.policy.failure_policy = serde_json::from_str(table).expect("table"),
+    )
+    .await;
+    assert_eq!(c.verdict, Verdict::Fail, "{c:?}");
+    assert!(
+        c.checks.iter().any(|k| k.verdict == Verdict::Fail
+            && k.clause == "idem.failure.final-outcomes"
+            && k.class == Class::Semantics),
+        "{c:?}"
+    );
+    assert!(
+        c.narrative.iter().any(|l| l.contains(
+            r#"declares failure_policy = { "4xx" = "not_stored" }: a 422 is not stored"#
+        )),
+        "{:?}",
+        c.narrative
+    );
+    // A table that says what the contract says is the contract: it passes,
+    // and nothing is noted.
+    let c = one_case_declared(None, "failure.4xx-final", |m| {
+        m.policy.failure_policy =
+            serde_json::from_str(r#"{"2xx": "stored", "5xx": "not_stored"}"#).expect("table")
+    })
+    .await;
+    assert_eq!(c.verdict, Verdict::Pass, "{c:?}");
+    assert!(
+        !c.narrative
+            .iter()
+            .any(|l| l.contains("declares failure_policy")),
+        "{:?}",
+        c.narrative
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_declared_global_scope_is_named_and_a_leak_is_still_unsafe() {
+    let c = one_case_declared(Some(Defect::GlobalKeySpace), "scope.other-caller", |m| {
+        m.policy.scope = idem_spec::manifest::ScopeDecl::Global;
+    })
+    .await;
+    assert_eq!(c.verdict, Verdict::Fail, "{c:?}");
+    assert!(
+        c.checks.iter().any(|k| k.verdict == Verdict::Fail
+            && k.clause == "idem.scope.caller"
+            && k.class == Class::Safety),
+        "declared or not, one caller's answer reaching another is unsafe: {c:?}"
+    );
+    assert!(
+        c.narrative
+            .iter()
+            .any(|l| l.contains(r#"declares scope = "global""#)),
+        "{:?}",
+        c.narrative
+    );
+    let c = one_case_declared(None, "scope.other-caller", |_| {}).await;
+    assert_eq!(c.verdict, Verdict::Pass, "{c:?}");
+    assert!(!c.narrative.iter().any(|l| l.contains("declares scope")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_in_flight_table_is_judged_like_the_mode_it_spells() {
+    use idem_spec::manifest::{InFlightAnswer, InFlightDecl, InFlightMode, InFlightTable};
+    // The always-wait library, declared situation by situation.
+    let table = InFlightDecl::Table(InFlightTable {
+        running: InFlightAnswer::Wait,
+        prefer_wait: InFlightAnswer::Wait,
+        claim_race: InFlightAnswer::Wait,
+    });
+    assert_eq!(
+        table.table(),
+        InFlightDecl::from(InFlightMode::AlwaysWait).table()
+    );
+    let config = ZooConfig {
+        quirk: Some(Quirk::AlwaysWait),
+        delay: Duration::from_millis(50),
+        ..ZooConfig::default()
+    };
+    let r = run_declared(config, None, |m| m.policy.in_flight = table).await;
+    let bad: Vec<_> = failures(&r)
+        .into_iter()
+        .filter(|(_, c)| *c > Class::Interop)
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "a correct library declared by table: {bad:?}\n{}",
+        idem_conformance::verdict::report::console::render(&r)
+    );
+    let gate = |r: &Report| {
+        r.cases
+            .iter()
+            .find(|c| c.id == "concurrency.gate")
+            .expect("the burst case")
+            .verdict
+    };
+    assert_eq!(gate(&r), Verdict::Pass);
+    // The table is what decides what is asked: its prefer_wait = "wait"
+    // runs the Prefer-wait case (and the library passes it), where the
+    // zoo's own manifest, `in_flight = "conflict"`, promises no wait and
+    // leaves it unsupported.
+    let verdict = |r: &Report| {
+        r.cases
+            .iter()
+            .find(|c| c.id == "inflight.prefer-wait")
+            .expect("the prefer-wait case")
+            .verdict
+    };
+    assert_eq!(
+        verdict(&r),
+        Verdict::Pass,
+        "{}",
+        idem_conformance::verdict::report::console::render(&r)
+    );
+    let r = run_declared(config, Some("inflight.prefer-wait"), |_| {}).await;
+    assert_eq!(verdict(&r), Verdict::Unsupported);
 }

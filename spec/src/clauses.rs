@@ -170,6 +170,11 @@ pub const CLASSES: &[(&str, Class)] = {
         ("idem.window.replay", Semantics),
         ("idem.window.retention", Semantics),
         ("idem.window.expiry", Semantics),
+        // A missing header is a spelling; a window said longer than the one
+        // kept can lead a client to retry where the retry executes again,
+        // but clients are told to trust the published window, not the
+        // header alone: semantics.
+        ("idem.window.expiry-header", Semantics),
         // Replacing a request that committed progress executes it again.
         ("idem.window.progress", Safety),
         ("idem.window.published", Interop),

@@ -119,6 +119,27 @@ pub fn replayed_header() -> openapi::Header {
         .build()
 }
 
+/// `Idempotency-Key-Expires` response header.
+pub fn expires_header() -> openapi::Header {
+    HeaderBuilder::new()
+        .schema(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .examples(["Sun, 06 Dec 2026 09:14:07 GMT"]),
+        )
+        .description(Some(
+            "The end of this key's replay window, an HTTP-date (RFC 9110 IMF-fixdate): \
+             until then a retry with the key is answered from its stored outcome; \
+             afterwards it executes as a new request. On every answer the key governs: \
+             a first execution whose outcome was stored, a replay, an in-flight refusal \
+             (once the key's claim is committed) and a mismatch. Absent on answers \
+             given before the key was looked at (no credentials, a missing or invalid \
+             key) and on a 5xx, which leaves the key absent. An extension of this \
+             contract: no draft defines it.",
+        ))
+        .build()
+}
+
 /// `Retry-After` response header.
 pub fn retry_after_header() -> openapi::Header {
     HeaderBuilder::new()
@@ -145,6 +166,12 @@ pub fn problem_response(code: ErrorCode, profile: Profile) -> openapi::Response 
         );
     if code == ErrorCode::IdempotencyKeyInUse {
         b = b.header(headers::RETRY_AFTER, retry_after_header());
+    }
+    if matches!(
+        code,
+        ErrorCode::IdempotencyKeyInUse | ErrorCode::IdempotencyKeyMismatch
+    ) {
+        b = b.header(headers::IDEMPOTENCY_KEY_EXPIRES, expires_header());
     }
     b.build()
 }
@@ -288,6 +315,7 @@ pub fn openapi() -> openapi::OpenApi {
                 "A replay: the stored status, body and declared headers of the first response.",
             )
             .header(headers::IDEMPOTENT_REPLAYED, replayed_header())
+            .header(headers::IDEMPOTENCY_KEY_EXPIRES, expires_header())
             .build(),
     );
 
@@ -323,6 +351,7 @@ pub fn openapi() -> openapi::OpenApi {
             ResponseBuilder::new()
                 .description("The first execution, or a replay of it (then with Idempotent-Replayed: true).")
                 .header(headers::IDEMPOTENT_REPLAYED, replayed_header())
+                .header(headers::IDEMPOTENCY_KEY_EXPIRES, expires_header())
                 .build(),
         );
     // All four errors, one response per status (two share 400, two 409);

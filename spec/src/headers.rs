@@ -11,6 +11,13 @@ pub const PREFER: &str = "Prefer";
 /// Response header confirming an honoured preference.
 pub const PREFERENCE_APPLIED: &str = "Preference-Applied";
 
+/// Response header with the end of the key's replay window, an HTTP-date
+/// (RFC 9110 `IMF-fixdate`), on every answer the key governs: first
+/// execution, replay, in-flight refusal and mismatch (clause
+/// `idem.window.expiry-header`). An extension of this contract; no draft
+/// defines one.
+pub const IDEMPOTENCY_KEY_EXPIRES: &str = "Idempotency-Key-Expires";
+
 /// Request header carrying what is left of the caller's overall deadline, in
 /// whole milliseconds, relative to when the attempt is sent (clauses
 /// `idem.client.deadline-header`, `idem.client.deadline-header-truthful`).

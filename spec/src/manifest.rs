@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::policy::FailurePolicy;
+use crate::policy::FailurePolicyDecl;
 use crate::problem::Profile;
 
 /// A target manifest.
@@ -163,6 +163,14 @@ pub struct ProfileDecl {
     /// header declared here cannot also be replayed or be the replay marker.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub absent_headers: Vec<String>,
+    /// The response header that says when the key's replay window ends, as
+    /// an HTTP-date (the contract's extension is `Idempotency-Key-Expires`),
+    /// for a target that sends one. The kit then checks that a first
+    /// execution, its replay and a mismatch carry one value, the declared
+    /// replay window after the first answer's `Date`. Default: none (the
+    /// `windows.expiry-header` case is unsupported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expiry_header: Option<String>,
 }
 
 impl ProfileDecl {
@@ -184,6 +192,7 @@ impl Default for ProfileDecl {
             code_pointer: None,
             unsupported_statuses: default_unsupported(),
             absent_headers: Vec::new(),
+            expiry_header: None,
         }
     }
 }
@@ -346,6 +355,126 @@ pub enum InFlightMode {
     WaitOrConflictOnRace,
 }
 
+/// In-flight behaviour as a manifest declares it: one of the named modes,
+/// or a table of what each situation gets, for a library whose answer
+/// depends on the situation:
+///
+/// ```toml
+/// in_flight = { running = "wait", prefer_wait = "wait", claim_race = "conflict" }
+/// ```
+///
+/// is the named `wait_or_conflict_on_race`.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(untagged)]
+pub enum InFlightDecl {
+    /// A named mode.
+    Mode(InFlightMode),
+    /// Situation by situation.
+    Table(InFlightTable),
+}
+
+impl Default for InFlightDecl {
+    fn default() -> Self {
+        Self::Mode(InFlightMode::default())
+    }
+}
+
+impl From<InFlightMode> for InFlightDecl {
+    fn from(m: InFlightMode) -> Self {
+        Self::Mode(m)
+    }
+}
+
+/// What a duplicate of a running request gets, situation by situation.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(deny_unknown_fields)]
+pub struct InFlightTable {
+    /// A duplicate sent while the original runs, with no `Prefer: wait`.
+    pub running: InFlightAnswer,
+    /// The same with `Prefer: wait=N`.
+    pub prefer_wait: InFlightAnswer,
+    /// The loser of a race for the claim itself (both sent at once).
+    pub claim_race: InFlightAnswer,
+}
+
+/// One in-flight answer.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum InFlightAnswer {
+    /// Refused at once as in use (409 `idempotency_key_in_use`).
+    Conflict,
+    /// Held until the original finishes, then answered with its replay.
+    Wait,
+}
+
+impl InFlightDecl {
+    /// The declaration as a table (a mode without in-flight state, `none`,
+    /// has none: its duplicates are serialised, so only "not executed" is
+    /// judged).
+    pub fn table(self) -> Option<InFlightTable> {
+        use InFlightAnswer::{Conflict, Wait};
+        let t = |running, prefer_wait, claim_race| {
+            Some(InFlightTable {
+                running,
+                prefer_wait,
+                claim_race,
+            })
+        };
+        match self {
+            Self::Table(t) => Some(t),
+            Self::Mode(InFlightMode::Conflict) => t(Conflict, Conflict, Conflict),
+            Self::Mode(InFlightMode::ConflictOrWait) => t(Conflict, Wait, Conflict),
+            Self::Mode(InFlightMode::AlwaysWait) => t(Wait, Wait, Wait),
+            Self::Mode(InFlightMode::WaitOrConflictOnRace) => t(Wait, Wait, Conflict),
+            Self::Mode(InFlightMode::None) => None,
+        }
+    }
+
+    /// Whether a duplicate of a running request (no `Prefer`) may be
+    /// answered other than by a refusal: held, or serialised.
+    pub fn never_refuses_running(self) -> bool {
+        self.table()
+            .is_none_or(|t| t.running == InFlightAnswer::Wait)
+    }
+
+    /// Whether `Prefer: wait=N` holds the duplicate and replays.
+    pub fn waits_when_asked(self) -> bool {
+        self.table()
+            .is_some_and(|t| t.prefer_wait == InFlightAnswer::Wait)
+    }
+
+    /// The declaration as a manifest spells it, for notes.
+    pub fn describe(self) -> String {
+        match self {
+            Self::Mode(m) => format!(
+                "\"{}\"",
+                serde_json::to_value(m)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            ),
+            Self::Table(t) => {
+                let a = |x: InFlightAnswer| match x {
+                    InFlightAnswer::Conflict => "conflict",
+                    InFlightAnswer::Wait => "wait",
+                };
+                format!(
+                    "{{ running = \"{}\", prefer_wait = \"{}\", claim_race = \"{}\" }}",
+                    a(t.running),
+                    a(t.prefer_wait),
+                    a(t.claim_race)
+                )
+            }
+        }
+    }
+}
+
 /// Policies the target declares.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -353,16 +482,59 @@ pub struct DeclaredPolicy {
     /// Replay window, seconds.
     #[serde(default = "default_window")]
     pub replay_window_secs: u64,
-    /// In-flight behaviour.
+    /// In-flight behaviour: a named mode, or a table saying what each
+    /// situation gets (see [`InFlightDecl`]).
     #[serde(default)]
-    pub in_flight: InFlightMode,
-    /// Which outcomes are stored.
+    pub in_flight: InFlightDecl,
+    /// Which outcomes are stored: `"final_unless_server_error"` (the
+    /// contract's, default), `"store_everything"`, `"success_only"`, or a
+    /// table of status classes and statuses, e.g. `{ "400" = "not_stored" }`
+    /// (store what the contract stores, but not a 400). The cases judge the
+    /// contract's policy whatever is declared, and say where the target
+    /// does what it declares.
     #[serde(default)]
-    pub failure_policy: FailurePolicy,
+    pub failure_policy: FailurePolicyDecl,
     /// What the request fingerprint covers, when it is not the contract's
     /// method, path with query, and body.
     #[serde(default)]
     pub fingerprint: FingerprintDecl,
+    /// Whose keys are kept apart: per caller (the contract's), one key
+    /// space for everyone, or per caller with unauthenticated requests left
+    /// unprotected. The scope case judges the contract's rule whatever is
+    /// declared (one caller's answer reaching another is unsafe, declared
+    /// or not) and names the declaration beside its finding.
+    #[serde(default)]
+    pub scope: ScopeDecl,
+}
+
+/// Whose keys a target keeps apart.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum ScopeDecl {
+    /// A key belongs to one caller (the contract's `idem.scope.caller`).
+    #[default]
+    PerCaller,
+    /// One key space for every caller: another caller's request with a used
+    /// key is refused, or worse.
+    Global,
+    /// Per caller for authenticated requests; a request without credentials
+    /// is not protected at all (its duplicates execute). Every manifest
+    /// caller then needs credentials, since the kit can only judge what the
+    /// target protects.
+    PerCallerAnonymousUnprotected,
+}
+
+impl ScopeDecl {
+    /// The declaration as a manifest spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::PerCaller => "per_caller",
+            Self::Global => "global",
+            Self::PerCallerAnonymousUnprotected => "per_caller_anonymous_unprotected",
+        }
+    }
 }
 
 /// What a target's request fingerprint covers. The contract's covers the
@@ -422,9 +594,10 @@ impl Default for DeclaredPolicy {
     fn default() -> Self {
         Self {
             replay_window_secs: default_window(),
-            in_flight: InFlightMode::default(),
-            failure_policy: FailurePolicy::default(),
+            in_flight: InFlightDecl::default(),
+            failure_policy: FailurePolicyDecl::default(),
             fingerprint: FingerprintDecl::default(),
+            scope: ScopeDecl::default(),
         }
     }
 }

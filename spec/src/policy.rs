@@ -70,6 +70,104 @@ impl FailurePolicy {
     }
 }
 
+/// Which outcomes a target stores, as a manifest declares it: one of the
+/// named policies, or a table from a status class (`"4xx"`) or a single
+/// status (`"400"`) to `stored` or `not_stored`. In a table the single
+/// status wins over its class, and a class the table leaves out keeps the
+/// contract's rule (2xx and 4xx stored, 5xx not), so `{ "400" =
+/// "not_stored" }` reads "everything the contract stores, but 400".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum FailurePolicyDecl {
+    /// A named policy.
+    Named(FailurePolicy),
+    /// Status classes and statuses, each stored or not.
+    Table(std::collections::BTreeMap<String, Storage>),
+}
+
+/// Whether a table's statuses are stored.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Storage {
+    /// Stored and replayed for the window.
+    Stored,
+    /// Never stored: a retry with the key executes again.
+    NotStored,
+}
+
+impl Default for FailurePolicyDecl {
+    fn default() -> Self {
+        Self::Named(FailurePolicy::default())
+    }
+}
+
+impl FailurePolicyDecl {
+    /// Whether a response with this status is stored under the declaration.
+    pub fn stores(&self, status: u16) -> bool {
+        match self {
+            Self::Named(p) => p.stores(status),
+            Self::Table(t) => {
+                let class = format!("{}xx", status / 100);
+                t.get(&status.to_string())
+                    .or_else(|| t.get(&class))
+                    .map_or_else(
+                        || FailurePolicy::default().stores(status),
+                        |s| *s == Storage::Stored,
+                    )
+            }
+        }
+    }
+
+    /// Whether it stores exactly what the contract stores.
+    pub fn is_contract(&self) -> bool {
+        (200..600).all(|s| self.stores(s) == FailurePolicy::default().stores(s))
+    }
+
+    /// Checks a table's entries: each a class `2xx` to `5xx` or a status
+    /// 200 to 599. Returns the first entry that is neither.
+    pub fn invalid_entry(&self) -> Option<&str> {
+        let Self::Table(t) = self else {
+            return None;
+        };
+        t.keys().map(String::as_str).find(|k| {
+            let class = matches!(*k, "2xx" | "3xx" | "4xx" | "5xx");
+            let status = k.len() == 3 && k.parse::<u16>().is_ok_and(|n| (200..600).contains(&n));
+            !class && !status
+        })
+    }
+
+    /// The declaration in a manifest's own words, for notes.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Named(p) => format!(
+                "\"{}\"",
+                serde_json::to_value(p)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default()
+            ),
+            Self::Table(t) => {
+                let parts: Vec<String> = t
+                    .iter()
+                    .map(|(k, v)| {
+                        format!(
+                            "{k:?} = {}",
+                            if *v == Storage::Stored {
+                                "\"stored\""
+                            } else {
+                                "\"not_stored\""
+                            }
+                        )
+                    })
+                    .collect();
+                format!("{{ {} }}", parts.join(", "))
+            }
+        }
+    }
+}
+
 /// A server's published idempotency policy.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
@@ -115,6 +213,31 @@ mod tests {
         assert!(!p.stores(500) && !p.stores(503));
         assert!(FailurePolicy::StoreEverything.stores(500));
         assert!(!FailurePolicy::SuccessOnly.stores(402));
+    }
+
+    #[test]
+    fn a_declared_table_overrides_the_contract_status_by_status() {
+        let t: FailurePolicyDecl =
+            serde_json::from_str(r#"{"400": "not_stored", "5xx": "stored"}"#).unwrap();
+        assert!(t.stores(201) && t.stores(422) && t.stores(503));
+        assert!(!t.stores(400), "the single status wins over its class");
+        assert!(!t.is_contract());
+        assert_eq!(t.invalid_entry(), None);
+        let named: FailurePolicyDecl = serde_json::from_str(r#""success_only""#).unwrap();
+        assert_eq!(named, FailurePolicyDecl::Named(FailurePolicy::SuccessOnly));
+        assert!(!named.stores(422));
+        assert!(FailurePolicyDecl::default().is_contract());
+        let same: FailurePolicyDecl = serde_json::from_str(r#"{"2xx": "stored"}"#).unwrap();
+        assert!(same.is_contract(), "an entry that repeats the contract");
+        let bad: FailurePolicyDecl = serde_json::from_str(r#"{"4XX": "stored"}"#).unwrap();
+        assert_eq!(bad.invalid_entry(), Some("4XX"));
+        let bad: FailurePolicyDecl = serde_json::from_str(r#"{"600": "stored"}"#).unwrap();
+        assert_eq!(bad.invalid_entry(), Some("600"));
+        assert_eq!(
+            t.describe(),
+            r#"{ "400" = "not_stored", "5xx" = "stored" }"#
+        );
+        assert_eq!(named.describe(), r#""success_only""#);
     }
 
     // clause: idem.window.replay, idem.window.retention

@@ -109,20 +109,18 @@ impl Need {
     };
     /// `policy.in_flight = "conflict_or_wait"` (or `"always_wait"`).
     pub const PREFER_WAIT: Need = Need {
-        what: "policy.in_flight = \"conflict_or_wait\" or \"always_wait\"",
-        declared: |m, _| {
-            matches!(
-                m.policy.in_flight,
-                idem_spec::manifest::InFlightMode::ConflictOrWait
-                    | idem_spec::manifest::InFlightMode::AlwaysWait
-                    | idem_spec::manifest::InFlightMode::WaitOrConflictOnRace
-            )
-        },
+        what: "policy.in_flight = \"conflict_or_wait\" or \"always_wait\" (or a table with prefer_wait = \"wait\")",
+        declared: |m, _| m.policy.in_flight.waits_when_asked(),
     };
     /// `endpoints[0].key_required = true`.
     pub const KEY_REQUIRED: Need = Need {
         what: "endpoints[0].key_required = true",
         declared: |m, _| m.endpoints[0].key_required,
+    };
+    /// `profile.expiry_header`.
+    pub const EXPIRY_HEADER: Need = Need {
+        what: "profile.expiry_header",
+        declared: |m, _| m.profile.expiry_header.is_some(),
     };
     /// `target.openapi_url`.
     pub const OPENAPI: Need = Need {

@@ -526,6 +526,7 @@ openapi_url = "/openapi.json"
 
 [profile]
 base = "{profile}"
+expiry_header = "Idempotency-Key-Expires"
 
 {callers}[[endpoints]]
 name = "create transfer"

@@ -185,6 +185,14 @@ fn validate_target(m: &Manifest) -> Result<(), String> {
 
 /// At least two distinct identities, since scoping is checked between two.
 fn validate_callers(m: &Manifest) -> Result<(), String> {
+    if m.policy.scope == idem_spec::manifest::ScopeDecl::PerCallerAnonymousUnprotected
+        && let Some(c) = m.callers.iter().find(|c| c.headers.is_empty())
+    {
+        return Err(format!(
+            "caller {:?} sends no credentials, and policy.scope = \"per_caller_anonymous_unprotected\" says such requests are not protected; give every caller credentials, since the kit judges what the target protects",
+            c.name
+        ));
+    }
     if m.callers.len() < 2 {
         return Err(format!(
             "declare at least two [[callers]] (found {}): per-caller scoping needs two identities",
@@ -304,6 +312,16 @@ fn validate_profile(m: &Manifest) -> Result<(), String> {
             "profile.replay_marker {h:?} is not a header name (or \"{NO_REPLAY_MARKER}\")"
         ));
     }
+    if let Some(k) = m.policy.failure_policy.invalid_entry() {
+        return Err(format!(
+            "policy.failure_policy: {k:?} is neither a status class (\"2xx\" to \"5xx\") nor a status (200 to 599)"
+        ));
+    }
+    if let Some(h) = m.profile.expiry_header.as_deref()
+        && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
+    {
+        return Err(format!("profile.expiry_header {h:?} is not a header name"));
+    }
     validate_absent_headers(m)
 }
 
@@ -323,6 +341,15 @@ fn validate_absent_headers(m: &Manifest) -> Result<(), String> {
         {
             return Err(format!(
                 "profile.absent_headers names the replay marker {h:?}; declare replay_marker = \"{NO_REPLAY_MARKER}\" for unmarked replays"
+            ));
+        }
+        if m.profile
+            .expiry_header
+            .as_deref()
+            .is_some_and(|e| e.eq_ignore_ascii_case(h))
+        {
+            return Err(format!(
+                "profile.absent_headers names {h:?}, which profile.expiry_header declares sent; a header is sent or it is not"
             ));
         }
         if let Some(e) = m
@@ -541,11 +568,7 @@ impl ManifestExt for Manifest {
     }
 
     fn never_refuses_in_flight(&self) -> bool {
-        use idem_spec::manifest::InFlightMode;
-        matches!(
-            self.policy.in_flight,
-            InFlightMode::AlwaysWait | InFlightMode::None | InFlightMode::WaitOrConflictOnRace
-        )
+        self.policy.in_flight.never_refuses_running()
     }
 
     fn unsupported(&self, status: u16) -> bool {
@@ -748,6 +771,11 @@ base = "reference"
 # refusal): the kit still reports the contract's clause (interop) but says it
 # is declared, not dropped; a header here cannot also be replayed or the marker:
 # absent_headers = ["Retry-After"]
+# The header that says when a key's replay window ends, as an HTTP-date, if you
+# send one (the contract's extension is Idempotency-Key-Expires): the kit checks
+# that a first execution, its replay and a mismatch carry one value, your
+# replay window after the first answer's Date:
+# expiry_header = "Idempotency-Key-Expires"
 # Override single errors to describe your own dialect. Identify each by
 # status, plus any of: code (the body's "code"), pointer + value (a JSON
 # pointer and the string there), pattern (a regex over the body), e.g.:
@@ -815,10 +843,23 @@ replay_window_secs = 86400
 #   "none":             you keep no in-flight state (duplicates are serialised behind
 #                       the first, or refused some other way); only "not executed" is checked
 in_flight = "conflict_or_wait"
+# or situation by situation, each "conflict" (refused as in use at once) or "wait"
+# (held, then the original's replay): a duplicate while the original runs, the
+# same with Prefer: wait=N, and the loser of a race for the claim itself:
+# in_flight = { running = "wait", prefer_wait = "wait", claim_race = "conflict" }
 # Which outcomes you store: "final_unless_server_error" (the contract: 2xx and 4xx
 # stored, 5xx never), "store_everything" or "success_only" (both deviate; the
 # failure cases say so and still check the contract):
 failure_policy = "final_unless_server_error"
+# or a table of status classes ("2xx" to "5xx") and single statuses, each
+# "stored" or "not_stored"; a status beats its class, and a class left out keeps
+# the contract's rule. "Everything the contract stores, but not a 400":
+# failure_policy = { "400" = "not_stored" }
+# Whose keys you keep apart: "per_caller" (the contract), "global" (one key space
+# for everyone) or "per_caller_anonymous_unprotected" (requests without
+# credentials are not protected; every caller below then needs credentials).
+# The scope case checks the contract whatever you declare, and names it:
+# scope = "per_caller"
 # What your request fingerprint covers, when it is not the contract's (method,
 # path with query, body). Leaving the query out makes a request differing only
 # in its query a declared difference (interop). Headers you fingerprint (["*"]:
@@ -1113,6 +1154,53 @@ mod tests {
         assert!(validate(&m).is_err());
         // The init template documents the field.
         assert!(TEMPLATE.contains("# absent_headers = [\"Retry-After\"]"));
+    }
+
+    #[test]
+    fn a_failure_policy_table_parses_and_its_entries_are_checked() {
+        let text = TEMPLATE.replace(
+            "failure_policy = \"final_unless_server_error\"\n",
+            "failure_policy = { \"400\" = \"not_stored\", \"5xx\" = \"not_stored\" }\n",
+        );
+        let m = parse(&text, "t").expect("a table").manifest;
+        assert!(!m.policy.failure_policy.stores(400));
+        assert!(m.policy.failure_policy.stores(422));
+        assert!(validate(&m).is_ok());
+        let text = TEMPLATE.replace(
+            "failure_policy = \"final_unless_server_error\"\n",
+            "failure_policy = { \"40x\" = \"stored\" }\n",
+        );
+        let e = parse(&text, "t").expect_err("40x").to_string();
+        assert!(e.contains("\"40x\"") && e.contains("status class"), "{e}");
+        assert!(TEMPLATE.contains("# failure_policy = { \"400\" = \"not_stored\" }"));
+    }
+
+    #[test]
+    fn an_unprotected_anonymous_scope_needs_credentials_on_every_caller() {
+        let mut m = parse(TEMPLATE, "t").expect("template").manifest;
+        m.policy.scope = idem_spec::manifest::ScopeDecl::PerCallerAnonymousUnprotected;
+        assert!(validate(&m).is_ok(), "the template's callers have tokens");
+        m.callers[1].headers.clear();
+        let e = validate(&m).expect_err("an anonymous caller").to_string();
+        assert!(e.contains("\"bob\" sends no credentials"), "{e}");
+        m.policy.scope = idem_spec::manifest::ScopeDecl::Global;
+        assert!(validate(&m).is_ok());
+        assert!(TEMPLATE.contains("# scope = \"per_caller\""));
+    }
+
+    #[test]
+    fn an_expiry_header_is_a_header_name_and_not_declared_absent() {
+        let mut m = parse(TEMPLATE, "t").expect("template").manifest;
+        m.profile.expiry_header = Some("Idempotency-Key-Expires".into());
+        assert!(validate(&m).is_ok());
+        m.profile.absent_headers = vec!["idempotency-key-expires".into()];
+        let e = validate(&m).expect_err("absent and sent").to_string();
+        assert!(e.contains("expiry_header"), "{e}");
+        m.profile.absent_headers.clear();
+        m.profile.expiry_header = Some("no such: header".into());
+        let e = validate(&m).expect_err("not a name").to_string();
+        assert!(e.contains("expiry_header"), "{e}");
+        assert!(TEMPLATE.contains("# expiry_header = \"Idempotency-Key-Expires\""));
     }
 
     #[test]

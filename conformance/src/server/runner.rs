@@ -321,14 +321,20 @@ async fn fresh_request_counted_once(view: &Ctx, caller: usize) -> Result<String,
             crate::server::cases::preview(&r.body),
         ));
     }
-    if !(200..300).contains(&r.status) {
-        let broken = if r.status >= 500 {
-            " (a 5xx to a fresh request: the target may be broken, e.g. left so by an earlier run; restart it)"
-        } else {
-            ""
-        };
+    // A server error to a request it should accept says nothing about
+    // idempotency: the target may be broken (left so by an earlier run or
+    // seed), or the template makes its handler fail.
+    if r.status >= 500 {
         return Err(format!(
-            "a fresh request {what} with a new key was answered {} {}{broken}; correct endpoint {:?}'s body template, path or the caller's vars so that it succeeds",
+            "a fresh request {what} with a new key was answered {} {}, so the target may be broken (left so by an earlier run, say: restart it) or endpoint {:?}'s body template makes its handler fail; no case ran, and nothing is judged",
+            r.status,
+            crate::server::cases::preview(&r.body),
+            ep.name
+        ));
+    }
+    if !(200..300).contains(&r.status) {
+        return Err(format!(
+            "a fresh request {what} with a new key was answered {} {}; correct endpoint {:?}'s body template, path or the caller's vars so that it succeeds",
             r.status,
             crate::server::cases::preview(&r.body),
             ep.name

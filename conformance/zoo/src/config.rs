@@ -154,11 +154,14 @@ pub enum Defect {
     /// A 5xx is not stored, but the key stays taken: every retry with it is
     /// refused with a 422.
     ServerErrorLocksKey,
+    /// `Idempotency-Key-Expires` promises a window six days longer than
+    /// the one declared.
+    ExpiryHeaderLate,
 }
 
 impl Defect {
     /// Every defect, in declaration order.
-    pub const ALL: [Defect; 12] = [
+    pub const ALL: [Defect; 13] = [
         Self::RaceDoubleExecution,
         Self::GlobalKeySpace,
         Self::SilentMismatchReplay,
@@ -171,6 +174,7 @@ impl Defect {
         Self::LeakAfterExecution,
         Self::LeakReorderedJson,
         Self::ServerErrorLocksKey,
+        Self::ExpiryHeaderLate,
     ];
 
     /// The kebab-case name used on the command line.
@@ -188,6 +192,7 @@ impl Defect {
             Self::LeakAfterExecution => "leak-after-execution",
             Self::LeakReorderedJson => "leak-reordered-json",
             Self::ServerErrorLocksKey => "server-error-locks-key",
+            Self::ExpiryHeaderLate => "expiry-header-late",
         }
     }
 
@@ -212,7 +217,8 @@ impl Defect {
             | Self::BrokenReplayAfterCompletion
             | Self::ReplayHeadersDropped
             | Self::InFlightLockGlobal
-            | Self::ServerErrorLocksKey => Class::Semantics,
+            | Self::ServerErrorLocksKey
+            | Self::ExpiryHeaderLate => Class::Semantics,
             Self::QuotedKeyDistinct => Class::Interop,
         }
     }
@@ -233,6 +239,7 @@ impl Defect {
                 "idem.scope.caller"
             }
             Self::ServerErrorLocksKey => "idem.failure.5xx-not-stored",
+            Self::ExpiryHeaderLate => "idem.window.expiry-header",
         }
     }
 }

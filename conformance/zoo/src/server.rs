@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -38,6 +38,13 @@ const RACE_WINDOW: Duration = Duration::from_millis(50);
 
 /// How long the `in-flight-lock-global` defect's lock outlives its request.
 const LOCK_TTL: Duration = Duration::from_secs(2);
+
+/// The replay window the zoo says on its answers (its manifests declare
+/// it). Records are kept for the process's life, so it is never shorter.
+const REPLAY_WINDOW: Duration = Duration::from_secs(86_400);
+
+/// The contract's key-expiry header.
+const EXPIRES: HeaderName = HeaderName::from_static("idempotency-key-expires");
 
 /// A test hook that holds every handler run after its claim (and after it is
 /// counted by `/_zoo/executions`) until the test releases it, so in-flight
@@ -250,7 +257,17 @@ impl Shared {
             Record::Failed => return Some(error(config, Kind::KeyFailed)),
         };
         if stored_fp != fp && !self.has(Defect::SilentMismatchReplay) {
-            return Some(error(config, Kind::Mismatch));
+            let refusal = error(config, Kind::Mismatch);
+            // The key's window is the stored outcome's: the refusal says it too.
+            let window = stored.and_then(|s| s.headers.iter().find(|(n, _)| *n == EXPIRES));
+            return Some(match window {
+                Some((n, v)) => {
+                    let mut r = refusal;
+                    r.headers.push((n.clone(), v.clone()));
+                    r
+                }
+                None => refusal,
+            });
         }
         match stored {
             None => Some(error(config, Kind::InUse)),
@@ -314,6 +331,23 @@ impl Shared {
             }
             None => out,
         }
+    }
+
+    /// Stamps an outcome the key keeps (2xx, 4xx) with the end of its
+    /// replay window, `Idempotency-Key-Expires`; a 5xx releases the key and
+    /// says nothing. Stored with the outcome, so every replay says the same.
+    fn with_window(&self, outcome: Stored) -> Stored {
+        if outcome.status.is_server_error() {
+            return outcome;
+        }
+        // Defect: the header promises six days more than the window kept.
+        let said = if self.has(Defect::ExpiryHeaderLate) {
+            REPLAY_WINDOW + Duration::from_secs(6 * 86_400)
+        } else {
+            REPLAY_WINDOW
+        };
+        let end = httpdate::fmt_http_date(SystemTime::now() + said);
+        outcome.with_header(EXPIRES, &end)
     }
 
     /// One handler run: counted, delayed, then the body decides the outcome.
@@ -500,6 +534,7 @@ async fn create_order(
         let slot = slot.clone();
         tokio::spawn(async move {
             let outcome = s.execute(caller, key.as_str(), &req, delay_left).await;
+            let outcome = s.with_window(outcome);
             // Defect: executed, then answered with another caller's response.
             let outcome = if s.has(Defect::LeakAfterExecution) {
                 s.other_callers_stored(&slot).unwrap_or(outcome)

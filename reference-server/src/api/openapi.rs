@@ -4,10 +4,10 @@
 //! contract's problem responses, and the windows under `x-idempotency`).
 
 use idem_spec::generate::{
-    CONTRACT_ERRORS, contract_responses, idempotency_key_parameter, merge_response,
+    CONTRACT_ERRORS, contract_responses, expires_header, idempotency_key_parameter, merge_response,
     problem_response, replayed_header,
 };
-use idem_spec::headers::{IDEMPOTENT_REPLAYED, REPLAYED_HEADERS};
+use idem_spec::headers::{IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, REPLAYED_HEADERS};
 use idem_spec::{ErrorCode, Policy, Problem, Profile};
 use utoipa::OpenApi;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -109,6 +109,26 @@ pub fn document(profile: Profile, policy: &Policy) -> utoipa::openapi::OpenApi {
                 None => {
                     op.responses.responses.insert(status, RefOr::T(fresh));
                 }
+            }
+        }
+        // The key's window end on every answer the key governs: stored
+        // outcomes (2xx, final 4xx), replays, in-flight and mismatch; not
+        // on the refusals made before the key is looked at.
+        let before_the_key: Vec<String> = [
+            ErrorCode::Unauthenticated,
+            ErrorCode::IdempotencyKeyMissing,
+            ErrorCode::IdempotencyKeyInvalid,
+        ]
+        .iter()
+        .map(|c| c.status(profile).to_string())
+        .collect();
+        for (status, response) in op.responses.responses.iter_mut() {
+            if (status.starts_with('2') || status.starts_with('4'))
+                && !before_the_key.contains(status)
+                && let RefOr::T(r) = response
+            {
+                r.headers
+                    .insert(IDEMPOTENCY_KEY_EXPIRES.to_owned(), expires_header());
             }
         }
     }

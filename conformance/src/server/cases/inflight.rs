@@ -33,8 +33,8 @@ pub fn cases() -> Vec<Case> {
             permitted: |m| {
                 if m.never_refuses_in_flight() {
                     vec![format!(
-                        "the duplicate: not executed (policy.in_flight = {:?}: held until the original finishes and replayed, or refused)",
-                        m.policy.in_flight
+                        "the duplicate: not executed (policy.in_flight = {}: held until the original finishes and replayed, or refused)",
+                        m.policy.in_flight.describe()
                     )]
                 } else {
                     vec![format!(

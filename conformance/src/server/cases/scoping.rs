@@ -10,6 +10,7 @@
 use idem_conformance_core::clause;
 use idem_conformance_core::verdict::Consequence;
 use idem_spec::ErrorCode;
+use idem_spec::manifest::ScopeDecl;
 
 use super::{check_replay, fresh};
 use crate::server::case::{Aim, Case, Rec, shared};
@@ -67,6 +68,15 @@ async fn leaked(
 
 async fn other_caller(rec: &mut Rec) {
     let (alice, bob) = (rec.ctx.name(0).to_owned(), rec.ctx.name(1).to_owned());
+    let scope = rec.ctx.manifest.policy.scope;
+    if scope != ScopeDecl::PerCaller {
+        // The declaration explains a finding; it never excuses one: a
+        // cross-caller answer is unsafe however the target scopes keys.
+        rec.note(format!(
+            "the manifest declares scope = \"{}\": the contract keeps keys per caller, and the case checks the contract (another caller's answer is unsafe whatever is declared; a refusal of {bob}'s own request is semantics)",
+            scope.as_str()
+        ));
+    }
     let key = rec.ctx.key();
     let Some((alice_req, alice_first, alice_marker)) = fresh(rec, 0, &key).await else {
         return;

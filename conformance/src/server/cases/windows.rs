@@ -1,10 +1,13 @@
 //! The window family: replayed for the whole published window, a new
-//! request after it. Needs the clock hook; these cases run last because they
-//! move the target's clock.
+//! request after it, and the window's end said on the answers. The cases
+//! that move the target's clock need the clock hook and run last.
+
+use std::time::{Duration, Instant, SystemTime};
 
 use super::recovery::crash_then_retry;
 use super::{check_marked, check_replay, fresh};
 use crate::server::case::{Aim, Case, Need, Rec, alone, shared};
+use crate::server::http::Response;
 use idem_conformance_core::clause;
 use idem_conformance_core::verdict::Consequence;
 
@@ -33,6 +36,27 @@ pub fn cases() -> Vec<Case> {
                 )]
             },
             run: |r| Box::pin(published(r)),
+        },
+        Case {
+            id: "windows.expiry-header",
+            title: "the first execution, its replay and a mismatch say when the key's window ends",
+            clauses: &[clause!("idem.window.expiry-header")],
+            needs: &[Need::EXPIRY_HEADER],
+            aim: Aim::Main,
+            alone: shared,
+            permitted: |m| {
+                let h = m.profile.expiry_header.as_deref().unwrap_or("(undeclared)");
+                vec![
+                    format!(
+                        "R1 (first execution), R2 (its replay) and R3 (a mismatch) carry {h}: one HTTP-date, {} s (the declared window) after R1's Date, within R1's round trip and {} s of rounding",
+                        m.policy.replay_window_secs,
+                        ROUNDING.as_secs()
+                    ),
+                    "in-flight refusals are not checked here (they need a request held in flight)"
+                        .into(),
+                ]
+            },
+            run: |r| Box::pin(expiry_header(r)),
         },
         Case {
             id: "windows.replay-within",
@@ -84,6 +108,135 @@ pub fn cases() -> Vec<Case> {
             run: |r| Box::pin(progress(r)),
         },
     ]
+}
+
+/// Slack for whole-second HTTP-dates (the value and `Date` each truncated)
+/// and a server that stamps the window at its commit, not at its claim.
+const ROUNDING: Duration = Duration::from_secs(3);
+
+/// The declared expiry header's value on `r`, parsed; a missing or
+/// unreadable one is recorded as a failed check.
+fn expiry_of(rec: &mut Rec, header: &str, r: &Response, what: &str) -> Option<SystemTime> {
+    let raw = r.header(header);
+    let parsed = raw.and_then(|v| httpdate::parse_http_date(v.trim()).ok());
+    // Absent or unreadable, the header misleads no one: the published
+    // window is still there to go by.
+    rec.check_as(
+        clause!("idem.window.expiry-header"),
+        Consequence::Spelling,
+        parsed.is_some(),
+        format!("{what}: {header}: <HTTP-date>"),
+        match raw {
+            None => format!("{what}: no {header} ({})", r.summary()),
+            Some(v) => format!("{what}: {header}: {v:?}, not an HTTP-date"),
+        },
+    );
+    parsed
+}
+
+fn secs_between(a: SystemTime, b: SystemTime) -> f64 {
+    match a.duration_since(b) {
+        Ok(d) => d.as_secs_f64(),
+        Err(e) => -e.duration().as_secs_f64(),
+    }
+}
+
+async fn expiry_header(rec: &mut Rec) {
+    let Some(header) = rec.ctx.manifest.profile.expiry_header.clone() else {
+        return;
+    };
+    let window = rec.ctx.manifest.policy.replay_window_secs;
+    let key = rec.ctx.key();
+    let sent = Instant::now();
+    let Some((req, first, marker)) = fresh(rec, 0, &key).await else {
+        return;
+    };
+    let round_trip = sent.elapsed();
+    let Some(end) = expiry_of(rec, &header, &first, "R1") else {
+        return;
+    };
+    // The server's own clock, as its answer states it: a client computes
+    // the window left as the header minus `Date`, so that is what must
+    // come out right, whatever the kit's clock says.
+    match first
+        .header("date")
+        .and_then(|d| httpdate::parse_http_date(d.trim()).ok())
+    {
+        Some(date) => {
+            let left = secs_between(end, date);
+            let slack = (round_trip + ROUNDING).as_secs_f64();
+            // A window said longer than the one kept can lead a client to
+            // retry where its retry executes again; never safety, because
+            // the published window is the number clients are told to trust.
+            rec.check(
+                clause!("idem.window.expiry-header"),
+                (left - window as f64).abs() <= slack,
+                format!(
+                    "R1: {header} minus Date = {window} s (the declared window), within {slack:.1} s"
+                ),
+                format!("R1: {header} minus Date = {left:.0} s"),
+            );
+            rec.headline(format!(
+                "the first answer said its key's window lasts {left:.0} s; {window} s declared"
+            ));
+        }
+        None => rec.note(format!(
+            "R1 has no Date header: the window {header} states is not compared with the declared one (the kit's clock need not agree with the server's)"
+        )),
+    }
+    let a = rec.alias(&key);
+    let name = rec.ctx.name(0).to_owned();
+    let Some(r2) = rec.send(&format!("{name} resends R1 with {a}"), &req).await else {
+        return;
+    };
+    if r2.same_outcome(&first)
+        && let Some(again) = expiry_of(rec, &header, &r2, "R2 (replay)")
+    {
+        rec.check(
+            clause!("idem.window.expiry-header"),
+            secs_between(again, end).abs() <= 1.0,
+            format!("R2 (replay): the same {header} as R1"),
+            format!("R2: {header} {:+.0} s from R1's", secs_between(again, end)),
+        );
+    } else if !r2.same_outcome(&first) {
+        rec.note("R2 is not a replay of R1; the replay cases judge that");
+    }
+    // Same marker, another amount: a different request under the key.
+    let mut changed = rec.ctx.body(0, &marker);
+    let original: serde_json::Value = req
+        .body
+        .as_deref()
+        .and_then(|b| serde_json::from_slice(b).ok())
+        .unwrap_or_default();
+    for _ in 0..5 {
+        if changed != original {
+            break;
+        }
+        changed = rec.ctx.body(0, &marker);
+    }
+    if changed == original {
+        rec.note("no second body could be drawn; the mismatch answer is not checked");
+        return;
+    }
+    let req3 = req.clone().json_body(&changed);
+    let Some(r3) = rec
+        .send(&format!("{name} reuses {a} with a different amount"), &req3)
+        .await
+    else {
+        return;
+    };
+    if !(400..500).contains(&r3.status) {
+        rec.note("R3 was not refused; the mismatch cases judge that");
+        return;
+    }
+    if let Some(at) = expiry_of(rec, &header, &r3, "R3 (mismatch)") {
+        rec.check(
+            clause!("idem.window.expiry-header"),
+            secs_between(at, end).abs() <= 1.0,
+            format!("R3 (mismatch): the same {header} as R1"),
+            format!("R3: {header} {:+.0} s from R1's", secs_between(at, end)),
+        );
+    }
 }
 
 async fn progress(rec: &mut Rec) {
