@@ -51,7 +51,7 @@ use crate::error::{Error, Result};
 use crate::failpoint::{Failpoints, Position};
 use crate::key::KeyId;
 use crate::registry::{Entry, Gauge, Registry, RegistryGuard};
-use crate::request::Incoming;
+use crate::request::{Incoming, RequestDeadline};
 use crate::store::{ClaimRequest, KeyRecord, KeyStore, StoredResponse};
 
 pub(crate) use crate::config::ms;
@@ -251,10 +251,16 @@ impl<K: KeyStore> Engine<K> {
         req: Request<Body>,
         route: impl FnOnce(Parts) -> R,
     ) -> Response<Body> {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let result =
             match Incoming::read(&parts, body, &self.config, self.failpoints.is_some()).await {
-                Ok(incoming) => self.serve(incoming, route(parts)).await,
+                Ok(incoming) => {
+                    // The handler bounds its own work by it (idem.deadline.bound).
+                    if let Some(at) = incoming.caller_deadline {
+                        parts.extensions.insert(RequestDeadline::at(at));
+                    }
+                    self.serve(incoming, route(parts)).await
+                }
                 Err(e) => Err(e),
             };
         result.unwrap_or_else(|e| e.into_response_in(self.config.profile))
@@ -267,7 +273,11 @@ impl<K: KeyStore> Engine<K> {
         incoming: Incoming,
         mut route: R,
     ) -> Result<Response<Body>> {
-        let deadline = Instant::now() + incoming.wait.unwrap_or_default();
+        // A held duplicate waits no longer than its caller does.
+        let mut deadline = Instant::now() + incoming.wait.unwrap_or_default();
+        if let Some(caller) = incoming.caller_deadline {
+            deadline = deadline.min(caller);
+        }
         let mut turns = Turns::default();
         loop {
             let now = self.clock.now_ms();
@@ -357,6 +367,17 @@ impl<K: KeyStore> Engine<K> {
         {
             // Observed, not executing: nothing was written in it.
             self.store.rollback(tx).await?;
+        }
+        if matches!(decision, Decision::Claim | Decision::Resume) && deadline_spent(incoming) {
+            // New work for a caller that has given up: refused before the
+            // claim, so the key stays free (idem.deadline.spent). Only a
+            // claim or a resumption starts work; a stored outcome is
+            // replayed whatever the deadline.
+            if let Some(tx) = tx.take() {
+                self.store.rollback(tx).await?;
+            }
+            tracing::debug!(key_hash = %incoming.id, "caller deadline spent: 504, not started");
+            return Err(Error::DeadlineExceeded);
         }
         if decision == Decision::Claim {
             let Ok(guard) = self.registry.try_acquire(incoming) else {
@@ -544,6 +565,13 @@ impl<K: KeyStore> Engine<K> {
         }
         response
     }
+}
+
+/// Whether the caller's deadline has passed.
+fn deadline_spent(incoming: &Incoming) -> bool {
+    incoming
+        .caller_deadline
+        .is_some_and(|at| Instant::now() >= at)
 }
 
 /// Adds `Idempotency-Key-Expires` (the replay window's end, an HTTP-date)

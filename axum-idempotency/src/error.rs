@@ -126,6 +126,13 @@ pub enum Error {
     /// Any other failure inside the engine. Rendered as 500 without details.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The caller's `Request-Deadline-Ms` was spent before the request
+    /// could start (clause `idem.deadline.spent`): answered `504
+    /// deadline_exceeded`, nothing run and the key not claimed.
+    #[error(
+        "the caller's deadline (Request-Deadline-Ms) was spent before the request could start; nothing ran and the key was not claimed: send it again with the same Idempotency-Key once you have time left"
+    )]
+    DeadlineExceeded,
 }
 
 impl Error {
@@ -140,6 +147,7 @@ impl Error {
             Self::MalformedBody(_) => ErrorCode::MalformedBody,
             Self::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
             Self::Failpoint(_) => ErrorCode::ValidationFailed,
+            Self::DeadlineExceeded => ErrorCode::DeadlineExceeded,
             // The one classification: every store fault is the same 503.
             e if e.store_fault().is_some() => ErrorCode::UpstreamUnavailable,
             Self::Store(_)

@@ -299,7 +299,8 @@ impl Outcome {
             Error::Unauthenticated
             | Error::MalformedBody(_)
             | Error::PayloadTooLarge { .. }
-            | Error::Failpoint(_) => Self::Rejected,
+            | Error::Failpoint(_)
+            | Error::DeadlineExceeded => Self::Rejected,
             Error::Store(_)
             | Error::Conflict
             | Error::ClaimUnsafe(_)

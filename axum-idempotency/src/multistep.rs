@@ -281,6 +281,17 @@ impl<K: KeyStore> Phase<'_, K> {
         self.req.id.caller()
     }
 
+    /// The caller's deadline for this request, from its
+    /// `Request-Deadline-Ms`; `None` when it sent none, and when the
+    /// completer resumes an abandoned request (no caller is waiting). A
+    /// phase bounds every outbound call by it (clause
+    /// `idem.deadline.bound`): [`RequestDeadline::bound`].
+    ///
+    /// [`RequestDeadline::bound`]: crate::RequestDeadline::bound
+    pub fn deadline(&self) -> Option<crate::RequestDeadline> {
+        self.req.caller_deadline.map(crate::RequestDeadline::at)
+    }
+
     /// The caller's idempotency key.
     pub fn key(&self) -> &IdempotencyKey {
         self.req.id.key()
@@ -774,6 +785,7 @@ mod tests {
             wait: None,
             armed: Vec::new(),
             pulse: Arc::default(),
+            caller_deadline: None,
         }
     }
 

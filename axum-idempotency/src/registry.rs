@@ -164,6 +164,7 @@ mod tests {
             wait: None,
             armed: Vec::new(),
             pulse: Arc::default(),
+            caller_deadline: None,
         }
     }
 

@@ -13,8 +13,11 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, header};
-use idem_spec::headers::{IDEMPOTENCY_KEY, PREFER, prefer_wait_secs};
+use idem_spec::headers::{
+    IDEMPOTENCY_KEY, PREFER, REQUEST_DEADLINE_MS, parse_request_deadline_ms, prefer_wait_secs,
+};
 use idem_spec::{Fingerprint, IdempotencyKey};
+use tokio::time::Instant;
 
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
@@ -32,6 +35,64 @@ pub(crate) struct Incoming {
     pub(crate) armed: Vec<Failpoint>,
     /// What the lease heartbeat of this request needs to know.
     pub(crate) pulse: Arc<Pulse>,
+    /// When the caller gives up, from its `Request-Deadline-Ms` (clause
+    /// `idem.deadline.spent`), measured from the request's arrival.
+    pub(crate) caller_deadline: Option<Instant>,
+}
+
+/// The caller's deadline for this request, from its `Request-Deadline-Ms`
+/// header, as a handler behind [`IdempotencyLayer`](crate::IdempotencyLayer)
+/// finds it in the request's extensions
+/// (`Option<Extension<RequestDeadline>>`; absent when the caller sent none
+/// or sent a value the contract's grammar refuses).
+///
+/// The engine has already refused to start a request whose deadline was
+/// spent (clause `idem.deadline.spent`); the handler's part is to bound
+/// its work and every outbound call by [`remaining`](Self::remaining)
+/// (`idem.deadline.bound`), e.g. `reqwest`'s `RequestBuilder::timeout` with
+/// the smaller of its own timeout and this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestDeadline {
+    at: Instant,
+}
+
+impl RequestDeadline {
+    /// A deadline at `at`.
+    pub fn at(at: Instant) -> Self {
+        Self { at }
+    }
+
+    /// The instant the caller gives up.
+    pub fn instant(&self) -> Instant {
+        self.at
+    }
+
+    /// What is left of it now; zero once it has passed.
+    pub fn remaining(&self) -> Duration {
+        self.at.saturating_duration_since(Instant::now())
+    }
+
+    /// Whether it has passed.
+    pub fn is_spent(&self) -> bool {
+        self.remaining().is_zero()
+    }
+
+    /// `limit`, or what is left of the deadline when that is smaller: the
+    /// timeout of an outbound call made for the request.
+    pub fn bound(&self, limit: Duration) -> Duration {
+        self.remaining().min(limit)
+    }
+}
+
+/// Reads `Request-Deadline-Ms` at `arrived`: the first value that parses
+/// (a malformed one is ignored, as the header's grammar asks).
+fn caller_deadline(headers: &HeaderMap, arrived: Instant) -> Option<Instant> {
+    headers
+        .get_all(REQUEST_DEADLINE_MS)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .find_map(parse_request_deadline_ms)
+        .map(|left| arrived + left)
 }
 
 impl Incoming {
@@ -44,6 +105,7 @@ impl Incoming {
         config: &EngineConfig,
         failpoints: bool,
     ) -> Result<Self> {
+        let arrived = Instant::now();
         let caller = parts
             .extensions
             .get::<Caller>()
@@ -105,6 +167,7 @@ impl Incoming {
             wait,
             armed,
             pulse: Arc::default(),
+            caller_deadline: caller_deadline(&parts.headers, arrived),
         })
     }
 
@@ -118,6 +181,7 @@ impl Incoming {
             wait: None,
             armed: Vec::new(),
             pulse: Arc::default(),
+            caller_deadline: None,
         }
     }
 }

@@ -16,6 +16,7 @@
 
 use std::time::Duration;
 
+use axum_idempotency::RequestDeadline;
 use idem_spec::IdempotencyKey;
 use idem_spec::headers::{IDEMPOTENCY_KEY, RETRY_AFTER};
 use reqwest::StatusCode;
@@ -72,6 +73,7 @@ pub enum ChargeOutcome {
 pub struct Processor {
     http: reqwest::Client,
     base_url: String,
+    timeout: Duration,
 }
 
 impl Processor {
@@ -82,20 +84,32 @@ impl Processor {
         Ok(Self {
             http: reqwest::Client::builder().timeout(timeout).build()?,
             base_url: base_url.trim_end_matches('/').to_owned(),
+            timeout,
         })
     }
 
-    /// `POST /charges` under `key`. `Err` is a transport failure (refused,
-    /// timed out, unreadable answer): the charge may or may not exist, and
-    /// the same call with the same key finds out.
+    // ANCHOR: deadline
+    /// The timeout of one call: the client's own, or what is left of the
+    /// caller's deadline when that is less (clause `idem.deadline.bound`).
+    pub fn timeout_for(&self, deadline: Option<RequestDeadline>) -> Duration {
+        deadline.map_or(self.timeout, |d| d.bound(self.timeout))
+    }
+    // ANCHOR_END: deadline
+
+    /// `POST /charges` under `key`, given up after
+    /// [`timeout_for`](Self::timeout_for) `deadline`. `Err` is a transport
+    /// failure (refused, timed out, unreadable answer): the charge may or
+    /// may not exist, and the same call with the same key finds out.
     pub async fn charge(
         &self,
         key: &IdempotencyKey,
         request: &ChargeRequest,
+        deadline: Option<RequestDeadline>,
     ) -> Result<ChargeOutcome, reqwest::Error> {
         let response = self
             .http
             .post(format!("{}/charges", self.base_url))
+            .timeout(self.timeout_for(deadline))
             .header(IDEMPOTENCY_KEY, key.to_header_value())
             .json(request)
             .send()

@@ -682,3 +682,45 @@ async fn a_transfer_paused_after_its_claim_is_in_flight(backend: Backend) {
     assert!(again.replayed());
 }
 both!(a_transfer_paused_after_its_claim_is_in_flight);
+
+// clause: idem.deadline.bound, idem.multistep.resume
+async fn a_processor_call_ends_at_the_callers_deadline(backend: Backend) {
+    // The server's own processor timeout is long (20 s) and the processor
+    // answers after 4 s: only the caller's deadline (300 ms) can end the
+    // call before the processor does.
+    let Some(e) = env(backend, "ms_deadline", &["--processor-timeout-secs", "20"]).await else {
+        return;
+    };
+    e.processor
+        .client()
+        .set_control(
+            &ControlRequest::new(ControlMode::Slow)
+                .slow_ms(4000)
+                .for_calls(1),
+        )
+        .await
+        .unwrap();
+    let mut req = payment("dl-1", BODY, None);
+    req.headers_mut()
+        .insert("request-deadline-ms", "300".parse().unwrap());
+    let sent = std::time::Instant::now();
+    let r = send(&e.router, req).await;
+    let took = sent.elapsed();
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{:?}", r.body);
+    assert_eq!(r.problem_code(), "upstream_unavailable");
+    assert!(
+        took < Duration::from_millis(4000),
+        "the call was not cut at the caller's deadline: {took:?}"
+    );
+    let p = payment_by_key(&e.router, "dl-1").await.unwrap();
+    assert_eq!(p["status"], "pending", "left at its recovery point");
+    // The retry, with time left, resumes: the processor's charge (recorded
+    // before its slow answer) is found by its key, never made twice.
+    let r2 = send(&e.router, payment("dl-1", BODY, None)).await;
+    assert_eq!(r2.status, StatusCode::CREATED, "{:?}", r2.body);
+    assert_eq!(r2.json()["id"], p["id"]);
+    let state = e.processor.client().charges().await.unwrap();
+    assert_eq!(state.count, 1, "one charge");
+    assert_eq!(state.total_calls(), 2, "the cut call and the resumed one");
+}
+both!(a_processor_call_ends_at_the_callers_deadline);

@@ -183,6 +183,10 @@ pub const CLASSES: &[(&str, Class)] = {
         ("idem.claim.atomic", Safety),
         ("idem.claim.transactional", Safety),
         ("idem.store.fail-closed", Semantics),
+        // Deadlines: work started for a caller that has given up is waste,
+        // and its outcome still answers the caller's retry: behaviour.
+        ("idem.deadline.spent", Semantics),
+        ("idem.deadline.bound", Semantics),
         // In flight: a duplicate executed while the original runs.
         ("idem.inflight.conflict", Safety),
         ("idem.inflight.retry-after", Interop),

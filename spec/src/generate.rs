@@ -105,6 +105,25 @@ pub fn idempotency_key_parameter() -> Parameter {
         .build()
 }
 
+/// `Request-Deadline-Ms` request header: what is left of the caller's
+/// deadline (clauses `idem.client.deadline-header`, `idem.deadline.spent`).
+pub fn request_deadline_parameter() -> Parameter {
+    ParameterBuilder::new()
+        .name(headers::REQUEST_DEADLINE_MS)
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(
+            "What is left of the caller's overall deadline, in whole milliseconds, when the              attempt is sent. 0 (spent): the request is not started and is answered 504              deadline_exceeded, its key left unclaimed; a stored outcome is still replayed. The              server bounds its work and outbound calls by it.",
+        ))
+        .schema(Some(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^[0-9]{1,9}$"))
+                .examples([serde_json::json!("2500")]),
+        ))
+        .build()
+}
+
 /// `Idempotent-Replayed` response header.
 pub fn replayed_header() -> openapi::Header {
     HeaderBuilder::new()
@@ -309,6 +328,10 @@ pub fn openapi() -> openapi::OpenApi {
         );
     }
     components = components.response(
+        response_name(ErrorCode::DeadlineExceeded),
+        problem_response(ErrorCode::DeadlineExceeded, Profile::Reference),
+    );
+    components = components.response(
         "IdempotentReplay",
         ResponseBuilder::new()
             .description(
@@ -338,6 +361,7 @@ pub fn openapi() -> openapi::OpenApi {
                 .schema(Some(ObjectBuilder::new().schema_type(Type::String))),
         )
         .parameter(idempotency_key_parameter())
+        .parameter(request_deadline_parameter())
         .parameter(
             ParameterBuilder::new()
                 .name(headers::PREFER)
@@ -359,6 +383,12 @@ pub fn openapi() -> openapi::OpenApi {
     for (status, response) in contract_responses(Profile::Reference, &CONTRACT_ERRORS) {
         op = op.response(status, response);
     }
+    op = op.response(
+        ErrorCode::DeadlineExceeded
+            .status(Profile::Reference)
+            .to_string(),
+        problem_response(ErrorCode::DeadlineExceeded, Profile::Reference),
+    );
 
     let mut doc = OpenApiBuilder::new()
         .info(

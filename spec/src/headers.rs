@@ -20,7 +20,8 @@ pub const IDEMPOTENCY_KEY_EXPIRES: &str = "Idempotency-Key-Expires";
 
 /// Request header carrying what is left of the caller's overall deadline, in
 /// whole milliseconds, relative to when the attempt is sent (clauses
-/// `idem.client.deadline-header`, `idem.client.deadline-header-truthful`).
+/// `idem.client.deadline-header`, `idem.client.deadline-header-truthful`;
+/// on the server, `idem.deadline.spent` and `idem.deadline.bound`).
 pub const REQUEST_DEADLINE_MS: &str = "Request-Deadline-Ms";
 
 /// The most digits a [`REQUEST_DEADLINE_MS`] value may have (about 11 days).

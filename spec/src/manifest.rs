@@ -171,6 +171,13 @@ pub struct ProfileDecl {
     /// `windows.expiry-header` case is unsupported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expiry_header: Option<String>,
+    /// The request header that carries the caller's remaining deadline in
+    /// milliseconds, for a target that reads one (the contract's is
+    /// `Request-Deadline-Ms`). The kit then checks that a request whose
+    /// deadline is spent takes no effect and claims nothing. Default: none
+    /// (the `deadline.spent` case is unsupported).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_header: Option<String>,
 }
 
 impl ProfileDecl {
@@ -193,6 +200,7 @@ impl Default for ProfileDecl {
             unsupported_statuses: default_unsupported(),
             absent_headers: Vec::new(),
             expiry_header: None,
+            deadline_header: None,
         }
     }
 }

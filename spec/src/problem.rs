@@ -72,11 +72,14 @@ pub enum ErrorCode {
     UpstreamUnavailable,
     /// The server failed; nothing was stored and the key was released.
     InternalError,
+    /// The caller's deadline (`Request-Deadline-Ms`) was spent before the
+    /// request could start: nothing ran, and the key was not claimed.
+    DeadlineExceeded,
 }
 
 impl ErrorCode {
     /// Every code, in declaration order.
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 16] = [
         Self::IdempotencyKeyMissing,
         Self::IdempotencyKeyInvalid,
         Self::IdempotencyKeyMismatch,
@@ -92,6 +95,7 @@ impl ErrorCode {
         Self::RateLimited,
         Self::UpstreamUnavailable,
         Self::InternalError,
+        Self::DeadlineExceeded,
     ];
 
     /// The reference spelling of the code (`snake_case`).
@@ -112,6 +116,7 @@ impl ErrorCode {
             Self::RateLimited => "rate_limited",
             Self::UpstreamUnavailable => "upstream_unavailable",
             Self::InternalError => "internal_error",
+            Self::DeadlineExceeded => "deadline_exceeded",
         }
     }
 
@@ -138,6 +143,7 @@ impl ErrorCode {
             Self::RateLimited => "Too many requests",
             Self::UpstreamUnavailable => "Upstream service unavailable",
             Self::InternalError => "Internal server error",
+            Self::DeadlineExceeded => "The caller's deadline has passed",
         }
     }
 
@@ -150,6 +156,7 @@ impl ErrorCode {
                 | Self::RateLimited
                 | Self::UpstreamUnavailable
                 | Self::InternalError
+                | Self::DeadlineExceeded
         )
     }
 
@@ -191,6 +198,7 @@ impl ErrorCode {
             Self::RateLimited => 429,
             Self::InternalError => 500,
             Self::UpstreamUnavailable => 503,
+            Self::DeadlineExceeded => 504,
         }
     }
 }

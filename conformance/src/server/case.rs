@@ -117,6 +117,11 @@ impl Need {
         what: "endpoints[0].key_required = true",
         declared: |m, _| m.endpoints[0].key_required,
     };
+    /// `profile.deadline_header`.
+    pub const DEADLINE_HEADER: Need = Need {
+        what: "profile.deadline_header",
+        declared: |m, _| m.profile.deadline_header.is_some(),
+    };
     /// `profile.expiry_header`.
     pub const EXPIRY_HEADER: Need = Need {
         what: "profile.expiry_header",

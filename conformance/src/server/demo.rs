@@ -527,6 +527,7 @@ openapi_url = "/openapi.json"
 [profile]
 base = "{profile}"
 expiry_header = "Idempotency-Key-Expires"
+deadline_header = "Request-Deadline-Ms"
 
 {callers}[[endpoints]]
 name = "create transfer"

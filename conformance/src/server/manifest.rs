@@ -317,10 +317,15 @@ fn validate_profile(m: &Manifest) -> Result<(), String> {
             "policy.failure_policy: {k:?} is neither a status class (\"2xx\" to \"5xx\") nor a status (200 to 599)"
         ));
     }
-    if let Some(h) = m.profile.expiry_header.as_deref()
-        && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
-    {
-        return Err(format!("profile.expiry_header {h:?} is not a header name"));
+    for (field, h) in [
+        ("expiry_header", m.profile.expiry_header.as_deref()),
+        ("deadline_header", m.profile.deadline_header.as_deref()),
+    ] {
+        if let Some(h) = h
+            && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
+        {
+            return Err(format!("profile.{field} {h:?} is not a header name"));
+        }
     }
     validate_absent_headers(m)
 }
@@ -776,6 +781,10 @@ base = "reference"
 # that a first execution, its replay and a mismatch carry one value, your
 # replay window after the first answer's Date:
 # expiry_header = "Idempotency-Key-Expires"
+# The request header you read the caller's remaining deadline from, in
+# milliseconds (the contract's is Request-Deadline-Ms): the kit checks that a
+# request whose deadline is spent (0) takes no effect and claims nothing:
+# deadline_header = "Request-Deadline-Ms"
 # Override single errors to describe your own dialect. Identify each by
 # status, plus any of: code (the body's "code"), pointer + value (a JSON
 # pointer and the string there), pattern (a regex over the body), e.g.:

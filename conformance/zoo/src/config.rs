@@ -157,11 +157,14 @@ pub enum Defect {
     /// `Idempotency-Key-Expires` promises a window six days longer than
     /// the one declared.
     ExpiryHeaderLate,
+    /// `Request-Deadline-Ms: 0` is ignored: a request whose caller has
+    /// given up is executed.
+    DeadlineIgnored,
 }
 
 impl Defect {
     /// Every defect, in declaration order.
-    pub const ALL: [Defect; 13] = [
+    pub const ALL: [Defect; 14] = [
         Self::RaceDoubleExecution,
         Self::GlobalKeySpace,
         Self::SilentMismatchReplay,
@@ -175,6 +178,7 @@ impl Defect {
         Self::LeakReorderedJson,
         Self::ServerErrorLocksKey,
         Self::ExpiryHeaderLate,
+        Self::DeadlineIgnored,
     ];
 
     /// The kebab-case name used on the command line.
@@ -193,6 +197,7 @@ impl Defect {
             Self::LeakReorderedJson => "leak-reordered-json",
             Self::ServerErrorLocksKey => "server-error-locks-key",
             Self::ExpiryHeaderLate => "expiry-header-late",
+            Self::DeadlineIgnored => "deadline-ignored",
         }
     }
 
@@ -218,7 +223,8 @@ impl Defect {
             | Self::ReplayHeadersDropped
             | Self::InFlightLockGlobal
             | Self::ServerErrorLocksKey
-            | Self::ExpiryHeaderLate => Class::Semantics,
+            | Self::ExpiryHeaderLate
+            | Self::DeadlineIgnored => Class::Semantics,
             Self::QuotedKeyDistinct => Class::Interop,
         }
     }
@@ -240,6 +246,7 @@ impl Defect {
             }
             Self::ServerErrorLocksKey => "idem.failure.5xx-not-stored",
             Self::ExpiryHeaderLate => "idem.window.expiry-header",
+            Self::DeadlineIgnored => "idem.deadline.spent",
         }
     }
 }

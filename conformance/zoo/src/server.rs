@@ -492,6 +492,18 @@ async fn create_order(
     };
     let slot = (scope, name);
 
+    // A new request for a caller whose deadline is spent is not started;
+    // a stored outcome is still replayed. Defect: the deadline is ignored.
+    if deadline_spent(&headers) && !s.has(Defect::DeadlineIgnored) {
+        let seen = {
+            let inner = s.lock();
+            s.existing(&inner, &slot, fp, caller)
+        };
+        return seen
+            .unwrap_or_else(|| error(config, Kind::DeadlineSpent))
+            .into_response();
+    }
+
     // Quirk: no in-flight record; requests with one key take turns.
     let turn = if config.quirk == Some(Quirk::NoInFlightState) {
         let lock = {
@@ -554,6 +566,16 @@ async fn create_order(
             error(config, Kind::Internal).into_response()
         }
     }
+}
+
+/// Whether the request says its caller's deadline is spent
+/// (`Request-Deadline-Ms: 0`).
+fn deadline_spent(headers: &HeaderMap) -> bool {
+    headers
+        .get(idem_spec::headers::REQUEST_DEADLINE_MS)
+        .and_then(|v| v.to_str().ok())
+        .and_then(idem_spec::headers::parse_request_deadline_ms)
+        .is_some_and(|left| left.is_zero())
 }
 
 /// The atomic claim: one check and one insert under the lock. Returns the
@@ -692,6 +714,9 @@ enum Kind {
     TooLarge,
     /// The key of a request that failed (`server-error-locks-key`).
     KeyFailed,
+    /// A new request whose `Request-Deadline-Ms` is 0, refused before the
+    /// claim.
+    DeadlineSpent,
 }
 
 impl Kind {
@@ -709,6 +734,7 @@ impl Kind {
             Self::UnsupportedMethod => ErrorCode::MethodNotAllowed,
             Self::TooLarge => ErrorCode::PayloadTooLarge,
             Self::KeyFailed => ErrorCode::ValidationFailed,
+            Self::DeadlineSpent => ErrorCode::DeadlineExceeded,
         }
     }
 
@@ -727,6 +753,7 @@ impl Kind {
             Self::UnsupportedMethod => "method not supported".into(),
             Self::TooLarge => format!("request bodies are limited to {MAX_BODY} bytes"),
             Self::KeyFailed => "a request with this Idempotency-Key failed; use a new key".into(),
+            Self::DeadlineSpent => "the caller's deadline has passed; nothing was started".into(),
         }
     }
 }
@@ -753,6 +780,7 @@ fn error(config: ZooConfig, kind: Kind) -> Stored {
             Kind::UnsupportedMethod => dialect.unsupported_method_status(),
             Kind::TooLarge => 413,
             Kind::KeyFailed => 422,
+            Kind::DeadlineSpent => 504,
         };
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
         let body = if config.quirk == Some(Quirk::NestedErrorCode) {

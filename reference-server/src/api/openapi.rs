@@ -5,7 +5,7 @@
 
 use idem_spec::generate::{
     CONTRACT_ERRORS, contract_responses, expires_header, idempotency_key_parameter, merge_response,
-    problem_response, replayed_header,
+    problem_response, replayed_header, request_deadline_parameter,
 };
 use idem_spec::headers::{IDEMPOTENCY_KEY_EXPIRES, IDEMPOTENT_REPLAYED, REPLAYED_HEADERS};
 use idem_spec::{ErrorCode, Policy, Problem, Profile};
@@ -79,9 +79,9 @@ pub fn document(profile: Profile, policy: &Policy) -> utoipa::openapi::OpenApi {
         else {
             continue;
         };
-        op.parameters
-            .get_or_insert_with(Vec::new)
-            .push(idempotency_key_parameter());
+        let params = op.parameters.get_or_insert_with(Vec::new);
+        params.push(idempotency_key_parameter());
+        params.push(request_deadline_parameter());
         for (status, response) in op.responses.responses.iter_mut() {
             if status.starts_with('2')
                 && let RefOr::T(r) = response
@@ -96,12 +96,19 @@ pub fn document(profile: Profile, policy: &Policy) -> utoipa::openapi::OpenApi {
         // and a status the operation already answers (422 under
         // ietf-draft) gains the contract's code beside its own.
         let unauthenticated: Response = problem_response(ErrorCode::Unauthenticated, profile);
+        let spent: Response = problem_response(ErrorCode::DeadlineExceeded, profile);
         let extra = contract_responses(profile, &CONTRACT_ERRORS)
             .into_iter()
-            .chain([(
-                ErrorCode::Unauthenticated.status(profile).to_string(),
-                unauthenticated,
-            )]);
+            .chain([
+                (
+                    ErrorCode::Unauthenticated.status(profile).to_string(),
+                    unauthenticated,
+                ),
+                (
+                    ErrorCode::DeadlineExceeded.status(profile).to_string(),
+                    spent,
+                ),
+            ]);
         for (status, fresh) in extra {
             match op.responses.responses.get_mut(&status) {
                 Some(RefOr::T(existing)) => merge_response(existing, fresh),

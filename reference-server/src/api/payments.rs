@@ -336,7 +336,12 @@ impl Payments {
             source: req.source.clone(),
             description: Some(format!("idemkit payment {id}")),
         };
-        let outcome = self.processor.charge(&outbound, &charge).await;
+        // Bounded by the caller's deadline too: a call nobody waits for
+        // is cut, and the retry resumes here (idem.deadline.bound).
+        let outcome = self
+            .processor
+            .charge(&outbound, &charge, p.deadline())
+            .await;
         p.failpoint(Position::After, CHARGE_CALL).await;
         let outcome = match outcome {
             Ok(o) => o,

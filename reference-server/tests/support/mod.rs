@@ -194,6 +194,7 @@ async fn gated(
     axum::extract::State(gate): axum::extract::State<Gate>,
     tx: axum_idempotency::IdemTx<Store>,
     caller: Principal,
+    deadline: Option<axum::Extension<axum_idempotency::RequestDeadline>>,
 ) -> Result<(StatusCode, HeaderMap, String), idem_server::Error> {
     let n = gate.executions.fetch_add(1, Ordering::SeqCst) + 1;
     if gate.writes.load(Ordering::SeqCst) {
@@ -211,6 +212,13 @@ async fn gated(
     let mut headers = HeaderMap::new();
     headers.insert("content-type", "application/json".parse().unwrap());
     headers.insert("x-execution", n.to_string().parse().unwrap());
+    // What the handler was told of its caller's deadline, when it sent one.
+    if let Some(axum::Extension(d)) = deadline {
+        headers.insert(
+            "x-deadline-left-ms",
+            d.remaining().as_millis().to_string().parse().unwrap(),
+        );
+    }
     Ok((
         StatusCode::from_u16(status).unwrap(),
         headers,

@@ -14,6 +14,7 @@ use crate::server::http::Response;
 use crate::server::manifest::ManifestExt;
 
 pub mod concurrency;
+pub mod deadline;
 pub mod failure;
 pub mod inflight;
 pub mod keys;
@@ -36,6 +37,7 @@ pub fn all() -> Vec<Case> {
     v.extend(inflight::cases());
     v.extend(concurrency::cases());
     v.extend(lost_response::cases());
+    v.extend(deadline::cases());
     v.push(crate::server::model::case());
     v.extend(windows::cases());
     v.extend(recovery::cases());
