@@ -52,6 +52,10 @@ pub enum Error {
         "this endpoint requires an Idempotency-Key header; send one key per logical operation and reuse it on every retry"
     )]
     KeyMissing,
+    /// An endpoint that reads its key from elsewhere (a
+    /// [`KeySource`](crate::KeySource)) found none there.
+    #[error("this endpoint takes its idempotency key from {0}, and the request had none there")]
+    KeyMissingAt(String),
     /// The `Idempotency-Key` header broke the syntax rules (or was sent twice).
     #[error("{0}")]
     KeyInvalid(#[source] idem_spec::Error),
@@ -140,7 +144,7 @@ impl Error {
     pub fn code(&self) -> ErrorCode {
         match self {
             Self::Unauthenticated => ErrorCode::Unauthenticated,
-            Self::KeyMissing => ErrorCode::IdempotencyKeyMissing,
+            Self::KeyMissing | Self::KeyMissingAt(_) => ErrorCode::IdempotencyKeyMissing,
             Self::KeyInvalid(_) => ErrorCode::IdempotencyKeyInvalid,
             Self::KeyMismatch => ErrorCode::IdempotencyKeyMismatch,
             Self::KeyInUse { .. } | Self::Fenced => ErrorCode::IdempotencyKeyInUse,

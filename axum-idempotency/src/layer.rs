@@ -15,6 +15,7 @@ use axum::http::{HeaderName, Request, Response};
 use tracing::Instrument;
 
 use crate::engine::Engine;
+use crate::request::KeySource;
 use crate::store::KeyStore;
 
 pub use crate::tx::IdemTx;
@@ -25,6 +26,7 @@ pub use crate::tx::IdemTx;
 pub struct IdempotencyLayer<K: KeyStore> {
     engine: Engine<K>,
     replay_headers: Arc<Vec<HeaderName>>,
+    key_source: Option<KeySource>,
 }
 
 impl<K: KeyStore> IdempotencyLayer<K> {
@@ -33,7 +35,19 @@ impl<K: KeyStore> IdempotencyLayer<K> {
         Self {
             engine,
             replay_headers: Arc::new(Vec::new()),
+            key_source: None,
         }
+    }
+
+    /// Reads the idempotency key from `source` instead of the
+    /// `Idempotency-Key` header: a webhook receiver keys on the sender's
+    /// event id (`KeySource::Header(HeaderName::from_static("webhook-id"))`,
+    /// or `KeySource::BodyPointer("/id".into())`). Scoping (the
+    /// [`Caller`](crate::Caller) the route's authentication set) and the
+    /// fingerprint apply as to any key.
+    pub fn key_source(mut self, source: KeySource) -> Self {
+        self.key_source = Some(source);
+        self
     }
 
     /// Declares a per-response header (`Date`, `Set-Cookie`) that replays
@@ -57,6 +71,7 @@ impl<S, K: KeyStore> tower::Layer<S> for IdempotencyLayer<K> {
             inner,
             engine: self.engine.clone(),
             replay_headers: self.replay_headers.clone(),
+            key_source: self.key_source.clone(),
         }
     }
 }
@@ -67,6 +82,7 @@ pub struct IdempotencyService<S, K: KeyStore> {
     inner: S,
     engine: Engine<K>,
     replay_headers: Arc<Vec<HeaderName>>,
+    key_source: Option<KeySource>,
 }
 
 impl<S, K> tower::Service<Request<Body>> for IdempotencyService<S, K>
@@ -88,7 +104,11 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
+    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+        // The engine reads the key where the layer was told it travels.
+        if let Some(source) = &self.key_source {
+            req.extensions_mut().insert(source.clone());
+        }
         let inner = self.inner.clone();
         let engine = self.engine.clone();
         let headers = self.replay_headers.clone();

@@ -209,7 +209,7 @@ pub use error::{Error, Result, StoreFault};
 pub use idem_spec::{Fingerprint, IdempotencyKey, RecoveryPoint};
 pub use key::{Caller, Fence, KeyId};
 pub use layer::{IdemTx, IdempotencyLayer, IdempotencyService};
-pub use request::RequestDeadline;
+pub use request::{KeySource, RequestDeadline};
 #[cfg(feature = "mysql")]
 pub use store::MySqlStore;
 #[cfg(feature = "postgres")]

@@ -290,7 +290,7 @@ impl Outcome {
     /// The outcome an engine error is answered with.
     pub fn of_error(e: &Error) -> Self {
         match e {
-            Error::KeyMissing => Self::KeyMissing,
+            Error::KeyMissing | Error::KeyMissingAt(_) => Self::KeyMissing,
             Error::KeyInvalid(_) => Self::KeyInvalid,
             Error::KeyMismatch => Self::Mismatch,
             Error::KeyInUse { .. } => Self::InFlight,

@@ -84,6 +84,69 @@ impl RequestDeadline {
     }
 }
 
+/// Where an endpoint's requests carry their idempotency key. The default
+/// is the contract's `Idempotency-Key` header; a webhook receiver takes the
+/// sender's event id instead, from its own header (the Standard Webhooks
+/// `webhook-id`) or from the body (Stripe's event `id`). Whatever the
+/// source, the key is the contract's (1 to 255 visible ASCII characters),
+/// scoped to the [`Caller`] the endpoint's authentication set (for a
+/// webhook, the verified sender), and the request is fingerprinted as
+/// usual. Set it with [`IdempotencyLayer::key_source`](crate::IdempotencyLayer::key_source).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeySource {
+    /// A request header, read like `Idempotency-Key` (bare or an RFC 8941
+    /// sf-string; sent twice is invalid).
+    Header(axum::http::HeaderName),
+    /// A JSON pointer (RFC 6901) into the request's JSON body, e.g. `/id`;
+    /// the value there is a string (or a number, taken as its decimal text).
+    BodyPointer(String),
+}
+
+impl Default for KeySource {
+    fn default() -> Self {
+        Self::Header(axum::http::HeaderName::from_static("idempotency-key"))
+    }
+}
+
+impl KeySource {
+    /// Where the key is, for error details: `the Idempotency-Key header`,
+    /// `the webhook-id header`, `the body at /id`.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Header(h) if h.as_str().eq_ignore_ascii_case(IDEMPOTENCY_KEY) => {
+                format!("the {IDEMPOTENCY_KEY} header")
+            }
+            Self::Header(h) => format!("the {h} header"),
+            Self::BodyPointer(p) => format!("the JSON body at {p}"),
+        }
+    }
+}
+
+/// The key error for `source`: the contract's own wording for the default
+/// header, one that names the source otherwise.
+fn key_error(e: idem_spec::Error, source: &KeySource) -> Error {
+    match e {
+        idem_spec::Error::KeyMissing if *source == KeySource::default() => Error::KeyMissing,
+        idem_spec::Error::KeyMissing => Error::KeyMissingAt(source.describe()),
+        other => Error::KeyInvalid(other),
+    }
+}
+
+/// The key at a body pointer: a string, or a number as its text.
+fn key_in_body(body: &[u8], source: &KeySource) -> Result<IdempotencyKey> {
+    let KeySource::BodyPointer(pointer) = source else {
+        return Err(Error::KeyMissingAt(source.describe()));
+    };
+    let json: serde_json::Value =
+        serde_json::from_slice(body).map_err(|_| Error::KeyMissingAt(source.describe()))?;
+    let text = match json.pointer(pointer) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Number(n)) => n.to_string(),
+        _ => return Err(Error::KeyMissingAt(source.describe())),
+    };
+    IdempotencyKey::parse(&text).map_err(|e| key_error(e, source))
+}
+
 /// Reads `Request-Deadline-Ms` at `arrived`: the first value that parses
 /// (a malformed one is ignored, as the header's grammar asks).
 fn caller_deadline(headers: &HeaderMap, arrived: Instant) -> Option<Instant> {
@@ -111,18 +174,29 @@ impl Incoming {
             .get::<Caller>()
             .cloned()
             .ok_or(Error::Unauthenticated)?;
-        let key = IdempotencyKey::from_header_values(
-            parts
-                .headers
-                .get_all(IDEMPOTENCY_KEY)
-                .iter()
-                .map(HeaderValue::as_bytes),
-        )
-        .map_err(|e| match e {
-            idem_spec::Error::KeyMissing => Error::KeyMissing,
-            other => Error::KeyInvalid(other),
-        })?;
+        let source = parts
+            .extensions
+            .get::<KeySource>()
+            .cloned()
+            .unwrap_or_default();
+        let from_header = match &source {
+            KeySource::Header(name) => Some(
+                IdempotencyKey::from_header_values(
+                    parts
+                        .headers
+                        .get_all(name)
+                        .iter()
+                        .map(HeaderValue::as_bytes),
+                )
+                .map_err(|e| key_error(e, &source))?,
+            ),
+            KeySource::BodyPointer(_) => None,
+        };
         let body = read_body(body, &parts.headers, config.max_body_bytes).await?;
+        let key = match from_header {
+            Some(key) => key,
+            None => key_in_body(&body, &source)?,
+        };
         let content_type = parts
             .headers
             .get(header::CONTENT_TYPE)

@@ -16,7 +16,9 @@ use axum_idempotency::failpoint::Failpoints;
 use axum_idempotency::store::{
     ClaimRequest, KeyStore, StoredHeader, StoredRequest, StoredResponse,
 };
-use axum_idempotency::{Caller, Engine, EngineConfig, IdemTx, IdempotencyLayer, Store, with_conn};
+use axum_idempotency::{
+    Caller, Engine, EngineConfig, IdemTx, IdempotencyLayer, KeySource, Store, with_conn,
+};
 use idem_test_support::{Backend, TestDb, both, db};
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
@@ -63,6 +65,20 @@ async fn handler(
         ctl.release.acquire().await.unwrap().forget();
     }
     Ok((StatusCode::from_u16(status).unwrap(), format!("run {n}")))
+}
+
+/// [`handler`] for a JSON event whose `status` member is the answer's.
+async fn event(
+    ctl: State<Ctl>,
+    tx: IdemTx<Store>,
+    caller: Caller,
+    Json(event): Json<serde_json::Value>,
+) -> Result<(StatusCode, String), axum_idempotency::Error> {
+    let status = event["status"]
+        .as_u64()
+        .and_then(|s| u16::try_from(s).ok())
+        .unwrap_or(201);
+    handler(ctl, tx, caller, Json(status)).await
 }
 
 /// Writes one effect, then answers 201 with a body of the requested size
@@ -144,6 +160,19 @@ fn router(store: &Store, ctl: &Ctl, failpoints: bool) -> Router {
             "/rich",
             post(rich)
                 .layer(IdempotencyLayer::new(engine.clone()).replay_header("x-declared-date")),
+        )
+        .route(
+            "/event",
+            post(event).layer(
+                IdempotencyLayer::new(engine.clone())
+                    .key_source(KeySource::BodyPointer("/id".into())),
+            ),
+        )
+        .route(
+            "/hooked",
+            post(handler).layer(IdempotencyLayer::new(engine.clone()).key_source(
+                KeySource::Header(axum::http::HeaderName::from_static("webhook-id")),
+            )),
         )
         .route("/do", post(handler).layer(IdempotencyLayer::new(engine)))
         .layer(axum::middleware::from_fn(
@@ -547,3 +576,71 @@ async fn a_response_over_max_response_bytes_is_a_500_naming_the_setting_and_free
     assert_eq!(effects(&app).await, 1);
 }
 both!(a_response_over_max_response_bytes_is_a_500_naming_the_setting_and_frees_the_key);
+
+fn post_to(path: &str, body: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut b = Request::post(path)
+        .header("x-user", "ann")
+        .header("content-type", "application/json");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(Body::from(body.to_owned())).unwrap()
+}
+
+// clause: idem.key.header, idem.replay.verbatim, idem.scope.caller
+async fn a_key_from_a_webhook_header_or_the_body_is_a_key_like_any_other(b: Backend) {
+    let app = app(db!(b, "engine-key-source"), false).await;
+    // The event id in the body: one effect however often it comes, and the
+    // Idempotency-Key header, which this route does not read, changes nothing.
+    let body = r#"{"id":"evt_1","status":201}"#;
+    let first = send(&app, post_to("/event", body, &[("idempotency-key", "a")])).await;
+    assert_eq!(first.0, StatusCode::CREATED, "{first:?}");
+    let again = send(&app, post_to("/event", body, &[("idempotency-key", "b")])).await;
+    assert_eq!(again.0, StatusCode::CREATED);
+    assert_eq!(again.1.get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(again.2, first.2);
+    assert_eq!(effects(&app).await, 1);
+    // A number is its decimal text; the same id with another payload is a
+    // mismatch (the fingerprint still applies).
+    let n = send(&app, post_to("/event", r#"{"id":42,"status":201}"#, &[])).await;
+    assert_eq!(n.0, StatusCode::CREATED);
+    let other = send(&app, post_to("/event", r#"{"id":42,"status":202}"#, &[])).await;
+    assert_eq!(other.0, StatusCode::CONFLICT, "{other:?}");
+    assert!(other.2.contains("idempotency_key_mismatch"));
+    // No id: the contract's missing-key answer, saying where the key was looked for.
+    let missing = send(&app, post_to("/event", r#"{"status":201}"#, &[])).await;
+    assert_eq!(missing.0, StatusCode::BAD_REQUEST);
+    assert!(
+        missing.2.contains("idempotency_key_missing"),
+        "{}",
+        missing.2
+    );
+    assert!(missing.2.contains("the JSON body at /id"), "{}", missing.2);
+    assert_eq!(effects(&app).await, 2);
+
+    // The sender's own header.
+    let h = [("webhook-id", "msg_1")];
+    let first = send(&app, post_to("/hooked", "201", &h)).await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    let again = send(&app, post_to("/hooked", "201", &h)).await;
+    assert_eq!(again.1.get("idempotent-replayed").unwrap(), "true");
+    assert_eq!(effects(&app).await, 3);
+    let missing = send(&app, post_to("/hooked", "201", &[("idempotency-key", "x")])).await;
+    assert_eq!(missing.0, StatusCode::BAD_REQUEST);
+    assert!(missing.2.contains("the webhook-id header"), "{}", missing.2);
+    // Keys are scoped to the caller whatever their source.
+    let bob = Request::post("/hooked")
+        .header("x-user", "bob")
+        .header("content-type", "application/json")
+        .header("webhook-id", "msg_1")
+        .body(Body::from("201"))
+        .unwrap();
+    let bob = send(&app, bob).await;
+    assert_eq!(bob.0, StatusCode::CREATED);
+    assert!(
+        bob.1.get("idempotent-replayed").is_none(),
+        "bob's own request"
+    );
+    assert_eq!(effects(&app).await, 4);
+}
+both!(a_key_from_a_webhook_header_or_the_body_is_a_key_like_any_other);

@@ -90,12 +90,13 @@ fn declare(quirk: Quirk, m: &mut idem_spec::manifest::Manifest) {
             m.policy.fingerprint.headers = vec!["traceparent".into()];
         }
         Quirk::NoRetryAfter => m.profile.absent_headers = vec!["Retry-After".into()],
+        Quirk::KeyInWebhookId => m.key.header = Some("webhook-id".into()),
         _ => {}
     }
 }
 
 /// The quirk cells: each correct-but-unusual behaviour on one dialect.
-const QUIRK_CELLS: [(Dialect, Quirk); 9] = [
+const QUIRK_CELLS: [(Dialect, Quirk); 10] = [
     (Dialect::Reference, Quirk::ResetAfterServerError),
     (Dialect::PlainJson422, Quirk::NestedErrorCode),
     (Dialect::PlainJson400, Quirk::MarkerValueOne),
@@ -105,6 +106,7 @@ const QUIRK_CELLS: [(Dialect, Quirk); 9] = [
     (Dialect::Reference, Quirk::MarkerIsKey),
     (Dialect::Reference, Quirk::FingerprintsTraceparent),
     (Dialect::Reference, Quirk::NoRetryAfter),
+    (Dialect::Reference, Quirk::KeyInWebhookId),
 ];
 
 async fn run_zoo_with(
@@ -196,9 +198,12 @@ fn judge(
             let must_pass = match quirk {
                 Some(Quirk::ResetAfterServerError) => "failure.5xx-not-stored",
                 Some(Quirk::NestedErrorCode) => "keys.errors-distinct",
-                Some(Quirk::MarkerValueOne | Quirk::MarkerIsKey | Quirk::UuidKeys) => {
-                    "replay.verbatim"
-                }
+                Some(
+                    Quirk::MarkerValueOne
+                    | Quirk::MarkerIsKey
+                    | Quirk::UuidKeys
+                    | Quirk::KeyInWebhookId,
+                ) => "replay.verbatim",
                 Some(Quirk::FingerprintsTraceparent) => "replay.incidental-header",
                 _ => "concurrency.gate",
             };

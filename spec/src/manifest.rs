@@ -70,6 +70,13 @@ pub struct KeyDecl {
     /// contract's visible ASCII).
     #[serde(default)]
     pub charset: KeyCharset,
+    /// The request header the key travels in, when it is not
+    /// `Idempotency-Key`: a webhook receiver's `webhook-id`, say. Every
+    /// case sends its key there (the wrong-header case still sends one in
+    /// `X-Idempotency-Key`, which must be ignored). Default: none (the
+    /// contract's header).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
 }
 
 /// A key's form.

@@ -460,6 +460,16 @@ impl Ctx {
         )
     }
 
+    /// The header the target reads keys from: `key.header`, or the
+    /// contract's `Idempotency-Key`.
+    pub fn key_header(&self) -> &str {
+        self.manifest
+            .key
+            .header
+            .as_deref()
+            .unwrap_or(IDEMPOTENCY_KEY)
+    }
+
     /// A request to the main endpoint for the operation marked `marker`:
     /// the caller's headers, the endpoint's declared headers and path (with
     /// the marker), the JSON body and, when given, the key (bare form).
@@ -481,7 +491,7 @@ impl Ctx {
         }
         if let Some(k) = key {
             self.remember_key(marker, k);
-            req = req.header(IDEMPOTENCY_KEY, k);
+            req = req.header(self.key_header(), k);
         }
         req
     }

@@ -141,6 +141,7 @@ mod tests {
             max_len,
             prefix: prefix.into(),
             charset,
+            header: None,
         }
     }
 

@@ -320,11 +320,17 @@ fn validate_profile(m: &Manifest) -> Result<(), String> {
     for (field, h) in [
         ("expiry_header", m.profile.expiry_header.as_deref()),
         ("deadline_header", m.profile.deadline_header.as_deref()),
+        ("key.header", m.key.header.as_deref()),
     ] {
         if let Some(h) = h
             && reqwest::header::HeaderName::from_bytes(h.as_bytes()).is_err()
         {
-            return Err(format!("profile.{field} {h:?} is not a header name"));
+            let field = if field.contains('.') {
+                field.to_owned()
+            } else {
+                format!("profile.{field}")
+            };
+            return Err(format!("{field} {h:?} is not a header name"));
         }
     }
     validate_absent_headers(m)
@@ -801,6 +807,9 @@ base = "reference"
 # follows it (the key-grammar cases still send the contract's boundary keys):
 # [key]
 # format = "uuid"
+# The header the key travels in, when it is not Idempotency-Key (a webhook
+# receiver's webhook-id, say):
+# header = "webhook-id"
 
 # Two or more identities; per-caller scoping needs two. Header values are
 # secrets: reports and curl reproductions redact them. Any string in this file

@@ -284,11 +284,14 @@ pub enum Quirk {
     /// The in-use refusal carries no `Retry-After` (the library never
     /// sends the header at all).
     NoRetryAfter,
+    /// The key travels in `webhook-id`, as a webhook receiver reads the
+    /// sender's event id; `Idempotency-Key` is ignored.
+    KeyInWebhookId,
 }
 
 impl Quirk {
     /// Every quirk, in declaration order.
-    pub const ALL: [Quirk; 9] = [
+    pub const ALL: [Quirk; 10] = [
         Self::ResetAfterServerError,
         Self::NestedErrorCode,
         Self::MarkerValueOne,
@@ -298,6 +301,7 @@ impl Quirk {
         Self::MarkerIsKey,
         Self::FingerprintsTraceparent,
         Self::NoRetryAfter,
+        Self::KeyInWebhookId,
     ];
 
     /// The kebab-case name used on the command line.
@@ -312,6 +316,7 @@ impl Quirk {
             Self::MarkerIsKey => "marker-is-key",
             Self::FingerprintsTraceparent => "fingerprints-traceparent",
             Self::NoRetryAfter => "no-retry-after",
+            Self::KeyInWebhookId => "key-in-webhook-id",
         }
     }
 
@@ -330,6 +335,7 @@ impl Quirk {
             Self::MarkerIsKey => "[profile] replay_marker_value = \"{{key}}\"",
             Self::FingerprintsTraceparent => "[policy.fingerprint] headers = [\"traceparent\"]",
             Self::NoRetryAfter => "[profile] absent_headers = [\"Retry-After\"]",
+            Self::KeyInWebhookId => "[key] header = \"webhook-id\"",
         }
     }
 }

@@ -442,7 +442,13 @@ async fn create_order(
     let Some(caller) = caller(&headers) else {
         return error(config, Kind::Unauthenticated).into_response();
     };
-    let values = headers.get_all(IDEMPOTENCY_KEY);
+    // Quirk: the key is the sender's event id, in its own header.
+    let key_header = if config.quirk == Some(Quirk::KeyInWebhookId) {
+        "webhook-id"
+    } else {
+        IDEMPOTENCY_KEY
+    };
+    let values = headers.get_all(key_header);
     let key = match IdempotencyKey::from_header_values(values.iter().map(HeaderValue::as_bytes)) {
         Ok(k) => k,
         Err(idem_spec::Error::KeyMissing) => {

@@ -6,7 +6,7 @@ use idem_conformance_core::verdict::Consequence;
 use idem_spec::ErrorCode;
 use idem_spec::report::Verdict;
 
-use super::{KEY, check_refusal, check_replay, err, fresh};
+use super::{check_refusal, check_replay, err, fresh};
 use crate::server::case::{Aim, Case, Need, Rec, shared};
 use crate::server::manifest::ManifestExt;
 
@@ -175,7 +175,8 @@ async fn boundary_lengths(rec: &mut Rec) {
     ] {
         let marker = rec.ctx.marker();
         let body = rec.ctx.body(0, &marker);
-        let req = rec.ctx.op(0, None, &marker, &body).header(KEY, &value);
+        let kh = rec.ctx.key_header().to_owned();
+        let req = rec.ctx.op(0, None, &marker, &body).header(&kh, &value);
         rec.ctx.remember_key(&marker, &bare_form);
         let Some(r) = rec.send(&format!("{name} sends {what}"), &req).await else {
             return;
@@ -230,7 +231,8 @@ async fn quoted_and_bare(rec: &mut Rec) {
     let Some((req, first, marker)) = fresh(rec, 0, &key).await else {
         return;
     };
-    let req2 = req.clone().without_header(KEY).header(KEY, &quoted);
+    let kh = rec.ctx.key_header().to_owned();
+    let req2 = req.clone().without_header(&kh).header(&kh, &quoted);
     let a = rec.alias(&key);
     let Some(again) = rec
         .send(
@@ -305,10 +307,11 @@ async fn invalid(rec: &mut Rec) {
     let body = rec.ctx.body(0, &marker);
     let name = rec.ctx.name(0).to_owned();
     let mut seen = Vec::new();
+    let kh = rec.ctx.key_header().to_owned();
     for (what, values) in variants {
         let mut req = rec.ctx.op(0, None, &marker, &body);
         for v in values {
-            req.headers.push((KEY.to_owned(), v));
+            req.headers.push((kh.clone(), v));
         }
         if let Some(r) = rec
             .send(&format!("{name} sends a key with {what}"), &req)
@@ -344,8 +347,9 @@ async fn missing(rec: &mut Rec) {
     let body = rec.ctx.body(0, &marker);
     let req = rec.ctx.op(0, None, &marker, &body);
     let name = rec.ctx.name(0).to_owned();
+    let kh = rec.ctx.key_header().to_owned();
     if let Some(r) = rec
-        .send(&format!("{name} sends without an Idempotency-Key"), &req)
+        .send(&format!("{name} sends without an {kh}"), &req)
         .await
     {
         check_refusal(
@@ -583,6 +587,7 @@ async fn published(rec: &mut Rec) {
         );
         return;
     };
+    let kh = rec.ctx.key_header().to_owned();
     for e in rec.ctx.manifest.endpoints.clone() {
         // The document's path template may name parameters the manifest
         // filled in; compare the literal path, then fall back to the
@@ -599,7 +604,7 @@ async fn published(rec: &mut Rec) {
                 ps.iter().any(|p| {
                     p.get("name")
                         .and_then(serde_json::Value::as_str)
-                        .is_some_and(|n| n.eq_ignore_ascii_case(KEY))
+                        .is_some_and(|n| n.eq_ignore_ascii_case(&kh))
                         && p.get("in").and_then(serde_json::Value::as_str) == Some("header")
                         && p.get("required").and_then(serde_json::Value::as_bool) == Some(true)
                 })

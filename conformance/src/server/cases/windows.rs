@@ -289,10 +289,11 @@ async fn progress(rec: &mut Rec) {
             None => {}
         }
     }
+    let kh = rec.ctx.key_header().to_owned();
     let key = req
         .headers
         .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case("idempotency-key"))
+        .find(|(n, _)| n.eq_ignore_ascii_case(&kh))
         .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
         .unwrap_or_default();
     let a = rec.alias(&key);
