@@ -54,17 +54,48 @@ fn which(program: &str) -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-/// Free loopback ports, all bound at once so that no two are equal.
+/// Free loopback ports for a cluster's nodes, from *below* the kernel's
+/// ephemeral range: a port taken with `bind(127.0.0.1:0)` and released
+/// comes from that range, where any outgoing connection of a busy machine
+/// (another test, a build) may take it before mysqld binds it, and Galera
+/// then aborts with "Address already in use". Below the range only an
+/// explicit bind can collide; each port is checked bindable, held until
+/// all are chosen, and never handed out twice in this process.
 fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("no port: {e}"))
-        })
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().map(|a| a.port()).unwrap_or_default())
-        .collect()
+    use std::collections::HashSet;
+    use std::sync::Mutex;
+    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<u16>().ok()))
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_low.max(10_001));
+    let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let given = given.get_or_insert_with(HashSet::new);
+    let mut held = Vec::new();
+    let mut ports = Vec::new();
+    // Bounded: a crowded range fails the test with a message, not a hang.
+    for _ in 0..(n * 200) {
+        if ports.len() == n {
+            break;
+        }
+        let r = u16::from_le_bytes(
+            uuid::Uuid::new_v4().as_bytes()[..2]
+                .try_into()
+                .unwrap_or([0, 0]),
+        );
+        let port = low + r % (high - low);
+        if given.contains(&port) || ports.contains(&port) {
+            continue;
+        }
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+            ports.push(port);
+        }
+    }
+    assert_eq!(ports.len(), n, "no {n} free ports in {low}..{high}");
+    given.extend(&ports);
+    ports
 }
 
 impl Galera {
