@@ -1980,3 +1980,52 @@ fn the_book_names_one_draft_revision() {
         "the reader finds both spellings"
     );
 }
+
+/// Fence lines a reader would see wrong, as `page:line: why`: inside a
+/// fenced block, a line that starts with the block's fence and carries text
+/// after it is not a closing fence (CommonMark allows none), so everything
+/// after it renders as code; and a page that ends inside a block.
+fn broken_fences(page: &str, text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut open: Option<(&str, usize)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim();
+        let Some(f) = fence_marker(t) else {
+            continue;
+        };
+        match open {
+            None => open = Some((f, i + 1)),
+            Some((o, _)) if t.starts_with(o) => {
+                let rest = t.trim_start_matches(o.chars().next().unwrap_or('`'));
+                if !rest.trim().is_empty() {
+                    out.push(format!(
+                        "{page}:{}: {t:?} closes nothing: text after a closing fence keeps the block open",
+                        i + 1
+                    ));
+                }
+                open = None;
+            }
+            Some(_) => {}
+        }
+    }
+    if let Some((_, at)) = open {
+        out.push(format!("{page}:{at}: a fenced block that never closes"));
+    }
+    out
+}
+
+#[test]
+fn every_fenced_block_closes_on_a_line_of_its_own() {
+    // The checker itself: the broken shape found once in operations.md.
+    assert_eq!(
+        broken_fences("t.md", "```console\n$ x\n``` With the library\ntext\n").len(),
+        1
+    );
+    assert!(broken_fences("t.md", "```console\n$ x\n```\n\nWith the library\n").is_empty());
+    assert_eq!(broken_fences("t.md", "```text\nnever closed\n").len(), 1);
+    let problems: Vec<String> = book_pages()
+        .iter()
+        .flat_map(|(page, text)| broken_fences(page, text))
+        .collect();
+    assert!(problems.is_empty(), "{problems:#?}");
+}
