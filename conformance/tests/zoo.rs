@@ -91,12 +91,13 @@ fn declare(quirk: Quirk, m: &mut idem_spec::manifest::Manifest) {
         }
         Quirk::NoRetryAfter => m.profile.absent_headers = vec!["Retry-After".into()],
         Quirk::KeyInWebhookId => m.key.header = Some("webhook-id".into()),
+        Quirk::KeyInBody => m.key.body_pointer = Some("/event_id".into()),
         _ => {}
     }
 }
 
 /// The quirk cells: each correct-but-unusual behaviour on one dialect.
-const QUIRK_CELLS: [(Dialect, Quirk); 10] = [
+const QUIRK_CELLS: [(Dialect, Quirk); 11] = [
     (Dialect::Reference, Quirk::ResetAfterServerError),
     (Dialect::PlainJson422, Quirk::NestedErrorCode),
     (Dialect::PlainJson400, Quirk::MarkerValueOne),
@@ -107,6 +108,7 @@ const QUIRK_CELLS: [(Dialect, Quirk); 10] = [
     (Dialect::Reference, Quirk::FingerprintsTraceparent),
     (Dialect::Reference, Quirk::NoRetryAfter),
     (Dialect::Reference, Quirk::KeyInWebhookId),
+    (Dialect::PlainJson422, Quirk::KeyInBody),
 ];
 
 async fn run_zoo_with(
@@ -202,7 +204,8 @@ fn judge(
                     Quirk::MarkerValueOne
                     | Quirk::MarkerIsKey
                     | Quirk::UuidKeys
-                    | Quirk::KeyInWebhookId,
+                    | Quirk::KeyInWebhookId
+                    | Quirk::KeyInBody,
                 ) => "replay.verbatim",
                 Some(Quirk::FingerprintsTraceparent) => "replay.incidental-header",
                 _ => "concurrency.gate",

@@ -77,6 +77,12 @@ pub struct KeyDecl {
     /// contract's header).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
+    /// A JSON pointer (RFC 6901) into the request body where the key
+    /// travels instead of a header (Stripe's event `id`: `/id`): the kit
+    /// writes every key there, and the cases that test the key header's
+    /// own grammar are `unsupported`. Not with `header`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_pointer: Option<String>,
 }
 
 /// A key's form.

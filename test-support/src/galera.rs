@@ -67,10 +67,16 @@ fn free_ports(n: usize) -> Vec<u16> {
     static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse::<u16>().ok()))
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u16>().ok())
+        })
         .unwrap_or(32768);
     let (low, high) = (10_000u16, ephemeral_low.max(10_001));
-    let mut given = GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let given = given.get_or_insert_with(HashSet::new);
     let mut held = Vec::new();
     let mut ports = Vec::new();

@@ -117,6 +117,11 @@ impl Need {
         what: "endpoints[0].key_required = true",
         declared: |m, _| m.endpoints[0].key_required,
     };
+    /// The key in a header: the cases that test the header's own grammar.
+    pub const KEY_IN_HEADER: Need = Need {
+        what: "the key in a header (key.body_pointer not declared)",
+        declared: |m, _| m.key.body_pointer.is_none(),
+    };
     /// `profile.deadline_header`.
     pub const DEADLINE_HEADER: Need = Need {
         what: "profile.deadline_header",
@@ -491,9 +496,54 @@ impl Ctx {
         }
         if let Some(k) = key {
             self.remember_key(marker, k);
-            req = req.header(self.key_header(), k);
+            match &self.manifest.key.body_pointer {
+                Some(pointer) => {
+                    let mut with_key = body.clone();
+                    put_at(&mut with_key, pointer, Value::String(k.to_owned()));
+                    req = req.json_body(&with_key);
+                }
+                None => req = req.header(self.key_header(), k),
+            }
         }
         req
+    }
+
+    /// `req` with another JSON body, its key kept where it travels (a key
+    /// in the body is written into the new one).
+    pub fn rebody(&self, req: &Request, body: &Value) -> Request {
+        match &self.manifest.key.body_pointer {
+            Some(pointer) => {
+                let key = self.key_of(req);
+                let mut with_key = body.clone();
+                put_at(&mut with_key, pointer, Value::String(key));
+                req.clone().json_body(&with_key)
+            }
+            None => req.clone().json_body(body),
+        }
+    }
+
+    /// The key `req` carries where the target reads it (header or body).
+    pub fn key_of(&self, req: &Request) -> String {
+        match &self.manifest.key.body_pointer {
+            Some(pointer) => req
+                .body
+                .as_deref()
+                .and_then(|b| serde_json::from_slice::<Value>(b).ok())
+                .and_then(|v| {
+                    v.pointer(pointer)
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
+                .unwrap_or_default(),
+            None => {
+                let kh = self.key_header();
+                req.headers
+                    .iter()
+                    .find(|(n, _)| n.eq_ignore_ascii_case(kh))
+                    .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                    .unwrap_or_default()
+            }
+        }
     }
 
     /// Records that the operation `marker` was sent with `key` (bare form).
@@ -1043,3 +1093,77 @@ pub fn budget_spent(case: &str, budget: u64) -> String {
 /// How long to give a server that holds a request (pause failpoints,
 /// `Prefer: wait`).
 pub const HOLD: Duration = Duration::from_secs(5);
+
+/// Writes `value` at JSON pointer `pointer` in `doc`, creating the objects
+/// on the way (an array index that does not exist is left alone).
+fn put_at(doc: &mut Value, pointer: &str, value: Value) {
+    let mut at = doc;
+    let parts: Vec<String> = pointer
+        .split('/')
+        .skip(1)
+        .map(|p| p.replace("~1", "/").replace("~0", "~"))
+        .collect();
+    let Some((last, path)) = parts.split_last() else {
+        *at = value;
+        return;
+    };
+    for p in path {
+        if !at.is_object() && !at.is_array() {
+            *at = Value::Object(serde_json::Map::new());
+        }
+        let next = match at {
+            Value::Object(m) => m
+                .entry(p.clone())
+                .or_insert_with(|| Value::Object(serde_json::Map::new())),
+            Value::Array(a) => match p.parse::<usize>().ok().and_then(|i| a.get_mut(i)) {
+                Some(v) => v,
+                None => return,
+            },
+            _ => return,
+        };
+        at = next;
+    }
+    match at {
+        Value::Object(m) => {
+            m.insert(last.clone(), value);
+        }
+        Value::Array(a) => {
+            if let Some(slot) = last.parse::<usize>().ok().and_then(|i| a.get_mut(i)) {
+                *slot = value;
+            }
+        }
+        other => {
+            let mut m = serde_json::Map::new();
+            m.insert(last.clone(), value);
+            *other = Value::Object(m);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::put_at;
+    use serde_json::json;
+
+    #[test]
+    fn a_key_is_written_at_its_pointer_creating_what_is_missing() {
+        let mut doc = json!({"amount": 3});
+        put_at(&mut doc, "/id", json!("k1"));
+        assert_eq!(doc, json!({"amount": 3, "id": "k1"}));
+        put_at(&mut doc, "/event/id", json!("k2"));
+        assert_eq!(doc["event"]["id"], "k2");
+        put_at(&mut doc, "/id", json!("k3"));
+        assert_eq!(doc["id"], "k3", "replaced, not duplicated");
+        put_at(&mut doc, "/a~1b", json!("k4"));
+        assert_eq!(doc["a/b"], "k4", "RFC 6901 escapes");
+        let mut list = json!({"items": [{"x": 1}]});
+        put_at(&mut list, "/items/0/id", json!("k5"));
+        assert_eq!(list["items"][0]["id"], "k5");
+        put_at(&mut list, "/items/9/id", json!("k6"));
+        assert_eq!(
+            list["items"].as_array().map(Vec::len),
+            Some(1),
+            "no index invented"
+        );
+    }
+}

@@ -142,6 +142,7 @@ mod tests {
             prefix: prefix.into(),
             charset,
             header: None,
+            body_pointer: None,
         }
     }
 

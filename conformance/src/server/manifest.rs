@@ -317,6 +317,19 @@ fn validate_profile(m: &Manifest) -> Result<(), String> {
             "policy.failure_policy: {k:?} is neither a status class (\"2xx\" to \"5xx\") nor a status (200 to 599)"
         ));
     }
+    if let Some(p) = m.key.body_pointer.as_deref() {
+        if !p.starts_with('/') {
+            return Err(format!(
+                "key.body_pointer {p:?} is not a JSON pointer (RFC 6901): it starts with /, e.g. \"/id\""
+            ));
+        }
+        if m.key.header.is_some() {
+            return Err(
+                "key.header and key.body_pointer both say where the key travels; declare one"
+                    .into(),
+            );
+        }
+    }
     for (field, h) in [
         ("expiry_header", m.profile.expiry_header.as_deref()),
         ("deadline_header", m.profile.deadline_header.as_deref()),
@@ -810,6 +823,9 @@ base = "reference"
 # The header the key travels in, when it is not Idempotency-Key (a webhook
 # receiver's webhook-id, say):
 # header = "webhook-id"
+# or a JSON pointer into the body (Stripe's event id), where the kit then writes
+# every key; the cases that test the key header's own grammar are unsupported:
+# body_pointer = "/id"
 
 # Two or more identities; per-caller scoping needs two. Header values are
 # secrets: reports and curl reproductions redact them. Any string in this file
@@ -1204,6 +1220,22 @@ mod tests {
         m.policy.scope = idem_spec::manifest::ScopeDecl::Global;
         assert!(validate(&m).is_ok());
         assert!(TEMPLATE.contains("# scope = \"per_caller\""));
+    }
+
+    #[test]
+    fn a_key_travels_in_one_declared_place() {
+        let mut m = parse(TEMPLATE, "t").expect("template").manifest;
+        m.key.body_pointer = Some("/id".into());
+        assert!(validate(&m).is_ok());
+        m.key.header = Some("webhook-id".into());
+        let e = validate(&m).expect_err("two places").to_string();
+        assert!(e.contains("declare one"), "{e}");
+        m.key.header = None;
+        m.key.body_pointer = Some("id".into());
+        let e = validate(&m).expect_err("not a pointer").to_string();
+        assert!(e.contains("JSON pointer"), "{e}");
+        assert!(TEMPLATE.contains("# body_pointer = \"/id\""));
+        assert!(TEMPLATE.contains("# header = \"webhook-id\""));
     }
 
     #[test]

@@ -287,11 +287,14 @@ pub enum Quirk {
     /// The key travels in `webhook-id`, as a webhook receiver reads the
     /// sender's event id; `Idempotency-Key` is ignored.
     KeyInWebhookId,
+    /// The key is the event's id in the body, at `/event_id` (as Stripe's
+    /// events carry theirs); no header is read.
+    KeyInBody,
 }
 
 impl Quirk {
     /// Every quirk, in declaration order.
-    pub const ALL: [Quirk; 10] = [
+    pub const ALL: [Quirk; 11] = [
         Self::ResetAfterServerError,
         Self::NestedErrorCode,
         Self::MarkerValueOne,
@@ -302,6 +305,7 @@ impl Quirk {
         Self::FingerprintsTraceparent,
         Self::NoRetryAfter,
         Self::KeyInWebhookId,
+        Self::KeyInBody,
     ];
 
     /// The kebab-case name used on the command line.
@@ -317,6 +321,7 @@ impl Quirk {
             Self::FingerprintsTraceparent => "fingerprints-traceparent",
             Self::NoRetryAfter => "no-retry-after",
             Self::KeyInWebhookId => "key-in-webhook-id",
+            Self::KeyInBody => "key-in-body",
         }
     }
 
@@ -336,6 +341,7 @@ impl Quirk {
             Self::FingerprintsTraceparent => "[policy.fingerprint] headers = [\"traceparent\"]",
             Self::NoRetryAfter => "[profile] absent_headers = [\"Retry-After\"]",
             Self::KeyInWebhookId => "[key] header = \"webhook-id\"",
+            Self::KeyInBody => "[key] body_pointer = \"/event_id\"",
         }
     }
 }

@@ -449,7 +449,22 @@ async fn create_order(
         IDEMPOTENCY_KEY
     };
     let values = headers.get_all(key_header);
-    let key = match IdempotencyKey::from_header_values(values.iter().map(HeaderValue::as_bytes)) {
+    // Quirk: the key is the event's id in the body (Stripe's events).
+    let parsed = if config.quirk == Some(Quirk::KeyInBody) {
+        serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| {
+                v.pointer("/event_id")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .map_or(Err(idem_spec::Error::KeyMissing), |k| {
+                IdempotencyKey::parse(&k)
+            })
+    } else {
+        IdempotencyKey::from_header_values(values.iter().map(HeaderValue::as_bytes))
+    };
+    let key = match parsed {
         Ok(k) => k,
         Err(idem_spec::Error::KeyMissing) => {
             return error(config, Kind::KeyMissing).into_response();

@@ -19,7 +19,7 @@ pub fn cases() -> Vec<Case> {
             id: "keys.boundary-lengths",
             title: "keys of 1 and 255 characters are accepted",
             clauses: &[clause!("idem.key.syntax")],
-            needs: &[],
+            needs: &[Need::KEY_IN_HEADER],
             aim: Aim::Main,
             alone: shared,
             permitted: |m| {
@@ -41,7 +41,7 @@ pub fn cases() -> Vec<Case> {
                 clause!("idem.replay.verbatim"),
                 clause!("idem.replay.marker"),
             ],
-            needs: &[],
+            needs: &[Need::KEY_IN_HEADER],
             aim: Aim::Main,
             alone: shared,
             permitted: |_| {
@@ -57,7 +57,7 @@ pub fn cases() -> Vec<Case> {
                 clause!("idem.errors.problem-json"),
                 clause!("idem.errors.profiles"),
             ],
-            needs: &[],
+            needs: &[Need::KEY_IN_HEADER],
             aim: Aim::Main,
             alone: shared,
             permitted: |m| {
@@ -118,7 +118,7 @@ pub fn cases() -> Vec<Case> {
             id: "keys.published",
             title: "the OpenAPI document marks Idempotency-Key required on every declared endpoint",
             clauses: &[clause!("idem.key.endpoints-published")],
-            needs: &[Need::OPENAPI],
+            needs: &[Need::KEY_IN_HEADER, Need::OPENAPI],
             aim: Aim::Main,
             alone: shared,
             permitted: |_| {
@@ -130,7 +130,7 @@ pub fn cases() -> Vec<Case> {
             id: "keys.errors-distinct",
             title: "missing, invalid and mismatch errors carry distinct codes",
             clauses: &[clause!("idem.errors.distinct")],
-            needs: &[Need::KEY_REQUIRED],
+            needs: &[Need::KEY_IN_HEADER, Need::KEY_REQUIRED],
             aim: Aim::Main,
             alone: shared,
             permitted: |m| {
@@ -499,15 +499,10 @@ async fn distinct(rec: &mut Rec) {
         return;
     };
     let mut changed = rec.ctx.body(0, &marker);
-    let original: serde_json::Value = req
-        .body
-        .as_deref()
-        .and_then(|b| serde_json::from_slice(b).ok())
-        .unwrap_or_default();
-    if changed == original {
+    if rec.ctx.rebody(&req, &changed).body == req.body {
         changed = serde_json::json!({ "conformance_changed": true });
     }
-    let req2 = req.clone().json_body(&changed);
+    let req2 = rec.ctx.rebody(&req, &changed);
     let a = rec.alias(&key);
     let Some(mismatch) = rec
         .send(&format!("{name} reuses {a} with another body"), &req2)

@@ -139,20 +139,15 @@ async fn body(rec: &mut Rec) {
     };
     // Same marker (so the probe sees both), another amount.
     let mut changed = rec.ctx.body(0, &marker);
-    let original: serde_json::Value = req
-        .body
-        .as_deref()
-        .and_then(|b| serde_json::from_slice(b).ok())
-        .unwrap_or_default();
     for _ in 0..5 {
-        if changed != original {
+        if rec.ctx.rebody(&req, &changed).body != req.body {
             break;
         }
         changed = rec.ctx.body(0, &marker);
     }
     let a = rec.alias(&key);
     let name = rec.ctx.name(0).to_owned();
-    let req2 = req.clone().json_body(&changed);
+    let req2 = rec.ctx.rebody(&req, &changed);
     let Some(r2) = rec
         .send(&format!("{name} reuses {a} with a different amount"), &req2)
         .await

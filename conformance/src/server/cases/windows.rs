@@ -203,22 +203,17 @@ async fn expiry_header(rec: &mut Rec) {
     }
     // Same marker, another amount: a different request under the key.
     let mut changed = rec.ctx.body(0, &marker);
-    let original: serde_json::Value = req
-        .body
-        .as_deref()
-        .and_then(|b| serde_json::from_slice(b).ok())
-        .unwrap_or_default();
     for _ in 0..5 {
-        if changed != original {
+        if rec.ctx.rebody(&req, &changed).body != req.body {
             break;
         }
         changed = rec.ctx.body(0, &marker);
     }
-    if changed == original {
+    if rec.ctx.rebody(&req, &changed).body == req.body {
         rec.note("no second body could be drawn; the mismatch answer is not checked");
         return;
     }
-    let req3 = req.clone().json_body(&changed);
+    let req3 = rec.ctx.rebody(&req, &changed);
     let Some(r3) = rec
         .send(&format!("{name} reuses {a} with a different amount"), &req3)
         .await
@@ -289,13 +284,7 @@ async fn progress(rec: &mut Rec) {
             None => {}
         }
     }
-    let kh = rec.ctx.key_header().to_owned();
-    let key = req
-        .headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(&kh))
-        .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-        .unwrap_or_default();
+    let key = rec.ctx.key_of(&req);
     let a = rec.alias(&key);
     let name = rec.ctx.name(0).to_owned();
     let Some(r3) = rec.send(&format!("{name} resends R2 with {a}"), &req).await else {
