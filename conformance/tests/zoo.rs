@@ -1037,6 +1037,18 @@ async fn a_key_format_the_manifest_does_not_declare_is_named_by_the_preflight() 
     zoo.shutdown().await;
 }
 
+/// Whether `c` has a failing check of `clause` in `class`.
+fn fails_on(c: &idem_spec::report::CaseReport, clause: &str, class: Class) -> bool {
+    c.checks
+        .iter()
+        .any(|k| k.verdict == Verdict::Fail && k.clause == clause && k.class == class)
+}
+
+/// Whether a line of `c`'s narrative contains `text`.
+fn narrates(c: &idem_spec::report::CaseReport, text: &str) -> bool {
+    c.narrative.iter().any(|l| l.contains(text))
+}
+
 /// Runs the cases matching `only` (all with `None`) against a zoo made
 /// with `config`, its dialect's manifest changed by `declare`.
 async fn run_declared(
@@ -1094,15 +1106,14 @@ async fn a_failure_policy_table_is_named_while_the_contract_is_judged() {
     .await;
     assert_eq!(c.verdict, Verdict::Fail, "{c:?}");
     assert!(
-        c.checks.iter().any(|k| k.verdict == Verdict::Fail
-            && k.clause == "idem.failure.final-outcomes"
-            && k.class == Class::Semantics),
+        fails_on(&c, "idem.failure.final-outcomes", Class::Semantics),
         "{c:?}"
     );
     assert!(
-        c.narrative.iter().any(|l| l.contains(
+        narrates(
+            &c,
             r#"declares failure_policy = { "4xx" = "not_stored" }: a 422 is not stored"#
-        )),
+        ),
         "{:?}",
         c.narrative
     );
@@ -1115,9 +1126,7 @@ async fn a_failure_policy_table_is_named_while_the_contract_is_judged() {
     .await;
     assert_eq!(c.verdict, Verdict::Pass, "{c:?}");
     assert!(
-        !c.narrative
-            .iter()
-            .any(|l| l.contains("declares failure_policy")),
+        !narrates(&c, "declares failure_policy"),
         "{:?}",
         c.narrative
     );
@@ -1131,21 +1140,17 @@ async fn a_declared_global_scope_is_named_and_a_leak_is_still_unsafe() {
     .await;
     assert_eq!(c.verdict, Verdict::Fail, "{c:?}");
     assert!(
-        c.checks.iter().any(|k| k.verdict == Verdict::Fail
-            && k.clause == "idem.scope.caller"
-            && k.class == Class::Safety),
+        fails_on(&c, "idem.scope.caller", Class::Safety),
         "declared or not, one caller's answer reaching another is unsafe: {c:?}"
     );
     assert!(
-        c.narrative
-            .iter()
-            .any(|l| l.contains(r#"declares scope = "global""#)),
+        narrates(&c, r#"declares scope = "global""#),
         "{:?}",
         c.narrative
     );
     let c = one_case_declared(None, "scope.other-caller", |_| {}).await;
     assert_eq!(c.verdict, Verdict::Pass, "{c:?}");
-    assert!(!c.narrative.iter().any(|l| l.contains("declares scope")));
+    assert!(!narrates(&c, "declares scope"), "{:?}", c.narrative);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::policy::FailurePolicyDecl;
+use crate::policy::{FailurePolicyDecl, quoted_name};
 use crate::problem::Profile;
 
 /// A target manifest.
@@ -473,25 +473,13 @@ impl InFlightDecl {
     /// The declaration as a manifest spells it, for notes.
     pub fn describe(self) -> String {
         match self {
-            Self::Mode(m) => format!(
-                "\"{}\"",
-                serde_json::to_value(m)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default()
+            Self::Mode(m) => quoted_name(&m),
+            Self::Table(t) => format!(
+                "{{ running = {}, prefer_wait = {}, claim_race = {} }}",
+                quoted_name(&t.running),
+                quoted_name(&t.prefer_wait),
+                quoted_name(&t.claim_race)
             ),
-            Self::Table(t) => {
-                let a = |x: InFlightAnswer| match x {
-                    InFlightAnswer::Conflict => "conflict",
-                    InFlightAnswer::Wait => "wait",
-                };
-                format!(
-                    "{{ running = \"{}\", prefer_wait = \"{}\", claim_race = \"{}\" }}",
-                    a(t.running),
-                    a(t.prefer_wait),
-                    a(t.claim_race)
-                )
-            }
         }
     }
 }
@@ -858,4 +846,34 @@ pub struct Waiver {
     /// A link to the ticket or decision.
     #[serde(default)]
     pub link: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a note quotes of an in-flight declaration parses back to it.
+    #[test]
+    fn an_in_flight_declaration_is_described_as_it_parses() {
+        #[derive(Deserialize)]
+        struct P {
+            in_flight: InFlightDecl,
+        }
+        for decl in [
+            InFlightDecl::Mode(InFlightMode::WaitOrConflictOnRace),
+            InFlightDecl::Table(InFlightTable {
+                running: InFlightAnswer::Wait,
+                prefer_wait: InFlightAnswer::Wait,
+                claim_race: InFlightAnswer::Conflict,
+            }),
+        ] {
+            let text = format!("in_flight = {}", decl.describe());
+            let back: P = toml::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert_eq!(back.in_flight, decl, "{text}");
+        }
+        assert_eq!(
+            InFlightDecl::from(InFlightMode::ConflictOrWait).describe(),
+            r#""conflict_or_wait""#
+        );
+    }
 }

@@ -141,31 +141,26 @@ impl FailurePolicyDecl {
     /// The declaration in a manifest's own words, for notes.
     pub fn describe(&self) -> String {
         match self {
-            Self::Named(p) => format!(
-                "\"{}\"",
-                serde_json::to_value(p)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default()
-            ),
+            Self::Named(p) => quoted_name(p),
             Self::Table(t) => {
                 let parts: Vec<String> = t
                     .iter()
-                    .map(|(k, v)| {
-                        format!(
-                            "{k:?} = {}",
-                            if *v == Storage::Stored {
-                                "\"stored\""
-                            } else {
-                                "\"not_stored\""
-                            }
-                        )
-                    })
+                    .map(|(k, v)| format!("{k:?} = {}", quoted_name(v)))
                     .collect();
                 format!("{{ {} }}", parts.join(", "))
             }
         }
     }
+}
+
+/// A unit variant as a manifest spells it, quoted (`"success_only"`): its
+/// serde name, so a note can never disagree with what parses.
+pub(crate) fn quoted_name<T: Serialize>(v: &T) -> String {
+    let name = serde_json::to_value(v)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    format!("\"{name}\"")
 }
 
 /// A server's published idempotency policy.

@@ -522,6 +522,21 @@ impl Ctx {
         }
     }
 
+    /// `req` under its key with a body drawn afresh for `marker` (so the
+    /// probe sees both, with another amount), drawn again up to five times
+    /// while it equals `req`'s; the last draw when none differed, which the
+    /// caller can tell by comparing bodies.
+    pub fn redrawn(&self, req: &Request, caller: usize, marker: &str) -> Request {
+        let mut other = self.rebody(req, &self.body(caller, marker));
+        for _ in 0..5 {
+            if other.body != req.body {
+                break;
+            }
+            other = self.rebody(req, &self.body(caller, marker));
+        }
+        other
+    }
+
     /// The key `req` carries where the target reads it (header or body).
     pub fn key_of(&self, req: &Request) -> String {
         match &self.manifest.key.body_pointer {

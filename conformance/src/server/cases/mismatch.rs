@@ -138,16 +138,9 @@ async fn body(rec: &mut Rec) {
         return;
     };
     // Same marker (so the probe sees both), another amount.
-    let mut changed = rec.ctx.body(0, &marker);
-    for _ in 0..5 {
-        if rec.ctx.rebody(&req, &changed).body != req.body {
-            break;
-        }
-        changed = rec.ctx.body(0, &marker);
-    }
+    let req2 = rec.ctx.redrawn(&req, 0, &marker);
     let a = rec.alias(&key);
     let name = rec.ctx.name(0).to_owned();
-    let req2 = rec.ctx.rebody(&req, &changed);
     let Some(r2) = rec
         .send(&format!("{name} reuses {a} with a different amount"), &req2)
         .await

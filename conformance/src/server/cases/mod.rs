@@ -4,7 +4,7 @@
 use idem_conformance_core::clause;
 use idem_conformance_core::verdict::Consequence;
 use idem_spec::ErrorCode;
-use idem_spec::headers::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use idem_spec::headers::IDEMPOTENT_REPLAYED;
 use idem_spec::manifest::Manifest;
 use idem_spec::problem::PROBLEM_CONTENT_TYPE;
 use serde_json::Value;
@@ -280,6 +280,3 @@ pub fn preview(b: &[u8]) -> String {
 pub fn err(m: &Manifest, code: ErrorCode) -> String {
     m.spelled(code)
 }
-
-/// The key header name, re-exported for the case modules.
-pub const KEY: &str = IDEMPOTENCY_KEY;
