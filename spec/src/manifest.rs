@@ -265,6 +265,36 @@ pub struct Caller {
     /// sends (e.g. its own account ids).
     #[serde(default)]
     pub vars: BTreeMap<String, String>,
+    /// How this caller signs its requests, when a signature and not (only)
+    /// a header names it: a webhook sender, say. The kit signs each request
+    /// as it leaves, so a resend carries a fresh timestamp and signature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signing: Option<Signing>,
+}
+
+/// A request-signing scheme and the caller's secret for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Signing {
+    /// The scheme.
+    pub scheme: SigningScheme,
+    /// The shared secret as the scheme writes it (Standard Webhooks:
+    /// `whsec_` and the base64 of the key bytes). Write `${NAME}` to take
+    /// it from the environment; the kit never prints it.
+    pub secret: String,
+}
+
+/// The signing schemes the kit can sign with.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema, utoipa::ToSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum SigningScheme {
+    /// [Standard Webhooks](https://www.standardwebhooks.com/): headers
+    /// `webhook-id`, `webhook-timestamp` (Unix seconds) and
+    /// `webhook-signature: v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">`.
+    /// A request without `webhook-id` is signed with an empty id.
+    StandardWebhooks,
 }
 
 /// An idempotent endpoint.

@@ -377,6 +377,7 @@ impl Ctx {
             headers: self.auth(0),
             body: None,
             state_changing: false,
+            signed_by: self.signer(0),
         };
         match self.client.send(&req).await {
             Ok(r) if (200..300).contains(&r.status) => Ok(true),
@@ -455,6 +456,13 @@ impl Ctx {
             .collect()
     }
 
+    /// The caller whose signature `caller`'s requests carry, when it signs
+    /// (`callers[].signing`): the client adds it as each request leaves.
+    pub fn signer(&self, caller: usize) -> Option<String> {
+        let c = self.caller(caller);
+        c.signing.as_ref().map(|_| c.name.clone())
+    }
+
     /// The body of one logical operation of `caller`.
     pub fn body(&self, caller: usize, marker: &str) -> Value {
         expand(
@@ -488,6 +496,7 @@ impl Ctx {
             headers: self.auth(caller),
             body: None,
             state_changing: true,
+            signed_by: self.signer(caller),
         }
         .header("Content-Type", "application/json")
         .json_body(body);
@@ -599,6 +608,7 @@ impl Ctx {
             &self.client,
             &self.manifest.target.base_url,
             &self.auth(caller),
+            self.signer(caller),
             Subject {
                 marker,
                 keys: &keys,
@@ -657,6 +667,7 @@ impl Ctx {
             &self.client,
             &self.manifest.target.base_url,
             &headers,
+            caller.and_then(|c| self.signer(c)),
             Subject { marker, keys },
             &[],
         )
@@ -740,6 +751,7 @@ impl Ctx {
             headers: self.auth(0),
             body: None,
             state_changing: false,
+            signed_by: self.signer(0),
         }
         .header("Content-Type", "application/json")
         .json_body(&serde_json::json!({ "advance_secs": secs }));

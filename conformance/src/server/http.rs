@@ -2,7 +2,7 @@
 //! limits (request rate, side-effect budget) hold for every case, and every
 //! request can be rendered as a `curl` reproduction with secrets redacted.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -12,6 +12,7 @@ use serde_json::Value;
 use tokio::sync::{Barrier, Mutex};
 
 use crate::Error;
+use crate::server::sign::Signer;
 
 /// One request, fully formed, so it can be sent, re-sent and rendered.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -26,6 +27,10 @@ pub struct Request {
     pub body: Option<Vec<u8>>,
     /// Whether the request may cause a side effect (counts against the budget).
     pub state_changing: bool,
+    /// The caller whose signature the client adds as the request leaves
+    /// (manifest `callers[].signing`); each send is signed afresh.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_by: Option<String>,
 }
 
 impl Request {
@@ -262,6 +267,7 @@ pub struct Client {
     case_effects: Option<Arc<AtomicU64>>,
     requests: Arc<AtomicU64>,
     secrets: Arc<BTreeSet<String>>,
+    signers: Arc<BTreeMap<String, Signer>>,
 }
 
 impl Client {
@@ -295,7 +301,14 @@ impl Client {
                     .map(|h| h.to_ascii_lowercase())
                     .collect(),
             ),
+            signers: Arc::new(BTreeMap::new()),
         })
+    }
+
+    /// The same client signing the requests of the named callers.
+    pub fn with_signers(mut self, signers: BTreeMap<String, Signer>) -> Self {
+        self.signers = Arc::new(signers);
+        self
     }
 
     /// The connection pool requests go out on now.
@@ -445,8 +458,22 @@ impl Client {
         let method = reqwest::Method::from_bytes(req.method.as_bytes())
             .map_err(|e| Failure::Harness(e.to_string()))?;
         let mut b = self.pool().request(method, &req.url);
+        let signed;
+        let mut fields = &req.headers;
+        if let Some(who) = &req.signed_by {
+            let signer = self.signers.get(who).ok_or_else(|| {
+                Failure::Harness(format!("caller {who:?} signs requests but has no signer"))
+            })?;
+            let mut h = req.headers.clone();
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            signer.sign(&mut h, req.body.as_deref().unwrap_or_default(), now);
+            signed = h;
+            fields = &signed;
+        }
         let mut headers = reqwest::header::HeaderMap::new();
-        for (name, value) in &req.headers {
+        for (name, value) in fields {
             let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
                 .map_err(|e| Failure::Harness(format!("header name {name:?}: {e}")))?;
             let value = reqwest::header::HeaderValue::from_bytes(value)
@@ -531,6 +558,13 @@ pub fn curl(req: &Request, secrets: &BTreeSet<String>) -> String {
             shell_quote(&String::from_utf8_lossy(body))
         ));
     }
+    if let Some(who) = &req.signed_by {
+        // The signature covers a timestamp the receiver checks against its
+        // clock, so a printed one would be stale by the time it is read.
+        s.push_str(&format!(
+            "  # signed as {who:?} when sent: add a fresh signature (webhook-timestamp, webhook-signature) to replay"
+        ));
+    }
     s
 }
 
@@ -587,6 +621,7 @@ mod tests {
             ],
             body: Some(br#"{"a":1}"#.to_vec()),
             state_changing: true,
+            signed_by: None,
         };
         let secrets: BTreeSet<String> = ["authorization".to_owned()].into();
         let c = curl(&req, &secrets);
@@ -607,6 +642,7 @@ mod tests {
             headers: vec![],
             body: None,
             state_changing: true,
+            signed_by: None,
         };
         let first = c.send(&req).await;
         assert!(matches!(first, Err(Failure::Connect(_))), "{first:?}");

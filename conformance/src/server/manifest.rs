@@ -186,7 +186,10 @@ fn validate_target(m: &Manifest) -> Result<(), String> {
 /// At least two distinct identities, since scoping is checked between two.
 fn validate_callers(m: &Manifest) -> Result<(), String> {
     if m.policy.scope == idem_spec::manifest::ScopeDecl::PerCallerAnonymousUnprotected
-        && let Some(c) = m.callers.iter().find(|c| c.headers.is_empty())
+        && let Some(c) = m
+            .callers
+            .iter()
+            .find(|c| c.headers.is_empty() && c.signing.is_none())
     {
         return Err(format!(
             "caller {:?} sends no credentials, and policy.scope = \"per_caller_anonymous_unprotected\" says such requests are not protected; give every caller credentials, since the kit judges what the target protects",
@@ -205,9 +208,16 @@ fn validate_callers(m: &Manifest) -> Result<(), String> {
     if names.len() != m.callers.len() {
         return Err("caller names must be distinct".to_owned());
     }
-    if m.callers[0].headers == m.callers[1].headers {
+    for c in &m.callers {
+        if let Some(decl) = &c.signing {
+            crate::server::sign::Signer::new(decl)
+                .map_err(|e| format!("caller {:?}: signing.secret: {e}", c.name))?;
+        }
+    }
+    if m.callers[0].headers == m.callers[1].headers && m.callers[0].signing == m.callers[1].signing
+    {
         return Err(format!(
-            "callers {:?} and {:?} send identical headers, so they are one identity",
+            "callers {:?} and {:?} send identical headers and sign alike, so they are one identity",
             m.callers[0].name, m.callers[1].name
         ));
     }
@@ -840,6 +850,11 @@ vars = { from = "acc_alice_main", to = "acc_alice_savings" }
 name = "bob"
 headers = { Authorization = "Bearer demo-bob" }
 vars = { from = "acc_bob_main", to = "acc_bob_savings" }
+# A caller known by a signature (a webhook sender) signs instead: the kit signs
+# every request it sends as that caller, afresh on each resend, and never
+# prints the secret. Standard Webhooks: webhook-id (the key's header, or a
+# fresh id), webhook-timestamp, webhook-signature.
+# signing = { scheme = "standard-webhooks", secret = "${BOB_WEBHOOK_SECRET}" }
 
 # Idempotent endpoints; the first is the one the cases exercise.
 # Templates: "{{amount}}" (whole value) = a fresh small integer,
@@ -991,6 +1006,33 @@ mod tests {
         assert_eq!(l.manifest.callers.len(), 2);
         assert_eq!(l.manifest.limits.concurrency, 32);
         assert_eq!(l.sha256.len(), 64);
+    }
+
+    #[test]
+    fn signing_callers_are_identities_and_their_secrets_are_checked() {
+        use idem_spec::manifest::{Signing, SigningScheme};
+        let signing = |secret: &str| {
+            Some(Signing {
+                scheme: SigningScheme::StandardWebhooks,
+                secret: secret.to_owned(),
+            })
+        };
+        let mut m = parse(TEMPLATE, "t").expect("template").manifest;
+        for c in &mut m.callers {
+            c.headers.clear();
+        }
+        m.callers[0].signing = signing("whsec_YWxpY2U=");
+        m.callers[1].signing = signing("whsec_Ym9i");
+        validate(&m).expect("two senders with their own secrets are two identities");
+
+        m.callers[1].signing = signing("whsec_YWxpY2U=");
+        let e = validate(&m).expect_err("one secret, one identity");
+        assert!(e.to_string().contains("sign alike"), "{e}");
+
+        m.callers[1].signing = signing("hunter2");
+        let e = validate(&m).expect_err("not a whsec_ secret").to_string();
+        assert!(e.contains("\"bob\"") && e.contains("whsec_"), "{e}");
+        assert!(!e.contains("hunter2"), "the secret is never repeated: {e}");
     }
 
     #[test]

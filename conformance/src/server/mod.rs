@@ -13,3 +13,4 @@ pub mod openapi;
 pub mod probe;
 pub mod proxy;
 pub mod runner;
+pub mod sign;

@@ -626,6 +626,7 @@ fn seeded_callers(doc: &Value, all_vars: &[String], notes: &mut Vec<String>) -> 
                     .iter()
                     .map(|v| (v.clone(), format!("{FILL_ME}-{who}-{v}")))
                     .collect(),
+                signing: None,
             }
         })
         .collect();

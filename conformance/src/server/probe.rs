@@ -56,12 +56,13 @@ pub fn by_key(probe: &EffectProbe) -> bool {
 
 /// Counts effects for `subject`. `seen` are the responses the kit got for
 /// that logical operation (used by the resource-id probe). `headers` are
-/// those of the probe's caller.
+/// those of the probe's caller, and `signed_by` names it when it signs.
 pub async fn effects(
     probe: &EffectProbe,
     client: &Client,
     base_url: &str,
     headers: &[(String, Vec<u8>)],
+    signed_by: Option<String>,
     subject: Subject<'_>,
     seen: &[&Response],
 ) -> Result<u64, ProbeError> {
@@ -89,7 +90,7 @@ pub async fn effects(
         } => {
             let mut total = 0;
             for u in urls(url) {
-                let doc = get(client, base_url, &u, headers).await?;
+                let doc = get(client, base_url, &u, headers, signed_by.clone()).await?;
                 let at = doc.pointer(count_pointer).ok_or_else(|| {
                     ProbeError::Failed(format!("probe GET {u}: no value at {count_pointer:?}"))
                 })?;
@@ -124,7 +125,7 @@ pub async fn effects(
             // whole value, so one effect listed under two URLs counts once.
             let mut items = BTreeSet::new();
             for u in urls(url) {
-                let doc = get(client, base_url, &u, headers).await?;
+                let doc = get(client, base_url, &u, headers, signed_by.clone()).await?;
                 let list = doc
                     .pointer(items_pointer)
                     .and_then(Value::as_array)
@@ -189,8 +190,9 @@ async fn get(
     base_url: &str,
     path: &str,
     headers: &[(String, Vec<u8>)],
+    signed_by: Option<String>,
 ) -> Result<Value, ProbeError> {
-    get_text(client, base_url, path, headers)
+    get_text(client, base_url, path, headers, signed_by)
         .await
         .map_err(ProbeError::Failed)
 }
@@ -200,6 +202,7 @@ async fn get_text(
     base_url: &str,
     path: &str,
     headers: &[(String, Vec<u8>)],
+    signed_by: Option<String>,
 ) -> Result<Value, String> {
     let req = Request {
         method: "GET".into(),
@@ -207,6 +210,7 @@ async fn get_text(
         headers: headers.to_vec(),
         body: None,
         state_changing: false,
+        signed_by,
     };
     let resp = client
         .send(&req)

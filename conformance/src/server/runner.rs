@@ -55,6 +55,15 @@ pub fn client(loaded: &Loaded) -> Result<Client, Error> {
         .iter()
         .flat_map(|c| c.headers.keys().cloned())
         .chain(["authorization".to_owned(), "cookie".to_owned()]);
+    let mut signers = std::collections::BTreeMap::new();
+    for c in &m.callers {
+        if let Some(decl) = &c.signing {
+            let s = crate::server::sign::Signer::new(decl).map_err(|e| {
+                Error::ManifestInvalid(format!("caller {:?}: signing.secret: {e}", c.name))
+            })?;
+            signers.insert(c.name.clone(), s);
+        }
+    }
     Client::new(
         Duration::from_millis(m.limits.request_timeout_ms),
         m.limits.requests_per_second,
@@ -62,6 +71,7 @@ pub fn client(loaded: &Loaded) -> Result<Client, Error> {
         m.limits.max_side_effects,
         secrets,
     )
+    .map(|c| c.with_signers(signers))
 }
 
 pub use idem_conformance_core::run_id;
@@ -267,6 +277,7 @@ async fn base_url_answers(ctx: &Ctx) -> Result<String, String> {
         headers: Vec::new(),
         body: None,
         state_changing: false,
+        signed_by: None,
     };
     match ctx.client.send(&get).await {
         Ok(r) => Ok(format!("{base} answers ({})", r.status)),

@@ -44,7 +44,7 @@ async fn receiver(name: &str) -> Receiver {
         name: "billing".into(),
         secret: SECRET.to_vec(),
     };
-    let router = app(store, clock.clone(), sender).await.unwrap();
+    let router = app(store, clock.clone(), vec![sender]).await.unwrap();
     Receiver {
         router,
         clock,

@@ -433,6 +433,7 @@ async fn unclaimed(rec: &mut Rec) {
         .collect();
     anon.headers
         .retain(|(n, _)| !secret.contains(&n.to_ascii_lowercase()));
+    anon.signed_by = None;
     let Some(r1) = rec
         .send(
             &format!("the request with {a} but without credentials"),
@@ -571,6 +572,7 @@ async fn published(rec: &mut Rec) {
         headers: rec.ctx.auth(0),
         body: None,
         state_changing: false,
+        signed_by: rec.ctx.signer(0),
     };
     let Some(r) = rec.send(&format!("GET {path}"), &req).await else {
         return;

@@ -207,6 +207,7 @@ async fn bob_sends_alices_request(rec: &mut Rec) {
         .headers
         .retain(|(n, _)| !alice_auth.contains(&n.to_ascii_lowercase()));
     bob_copy.headers.extend(rec.ctx.auth(1));
+    bob_copy.signed_by = rec.ctx.signer(1);
     // What the probe shows for the marker before bob sends, as bob sees it:
     // his own execution moves it; a replay of alice's response does not.
     rec.ctx.remember_key(&alice2_marker, &key2);

@@ -394,6 +394,7 @@ async fn published(rec: &mut Rec) {
         headers: rec.ctx.auth(0),
         body: None,
         state_changing: false,
+        signed_by: rec.ctx.signer(0),
     };
     let Some(r) = rec.send(&format!("GET {path}"), &req).await else {
         return;
