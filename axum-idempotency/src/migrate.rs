@@ -54,7 +54,7 @@ impl Migration {
 }
 
 /// The SQLite migrations.
-pub const SQLITE: [Migration; 2] = [
+pub const SQLITE: [Migration; 3] = [
     Migration {
         version: 1,
         description: "idempotency keys",
@@ -65,10 +65,15 @@ pub const SQLITE: [Migration; 2] = [
         description: "staged jobs",
         sql: include_str!("../migrations/sqlite/0002_staged_jobs.sql"),
     },
+    Migration {
+        version: 3,
+        description: "key lock function",
+        sql: include_str!("../migrations/sqlite/0003_key_lock_function.sql"),
+    },
 ];
 
 /// The PostgreSQL migrations.
-pub const POSTGRES: [Migration; 2] = [
+pub const POSTGRES: [Migration; 3] = [
     Migration {
         version: 1,
         description: "idempotency keys",
@@ -79,13 +84,18 @@ pub const POSTGRES: [Migration; 2] = [
         description: "staged jobs",
         sql: include_str!("../migrations/postgres/0002_staged_jobs.sql"),
     },
+    Migration {
+        version: 3,
+        description: "key lock function",
+        sql: include_str!("../migrations/postgres/0003_key_lock_function.sql"),
+    },
 ];
 
 /// The MySQL / MariaDB migrations. MySQL commits every DDL statement on its
 /// own, so a migration cannot be one transaction there: each is written to
 /// be safe to run twice (`IF NOT EXISTS`), and two processes starting at
 /// once may both run it; the history row is then written once.
-pub const MYSQL: [Migration; 2] = [
+pub const MYSQL: [Migration; 3] = [
     Migration {
         version: 1,
         description: "idempotency keys",
@@ -95,6 +105,11 @@ pub const MYSQL: [Migration; 2] = [
         version: 2,
         description: "staged jobs",
         sql: include_str!("../migrations/mysql/0002_staged_jobs.sql"),
+    },
+    Migration {
+        version: 3,
+        description: "key lock function",
+        sql: include_str!("../migrations/mysql/0003_key_lock_function.sql"),
     },
 ];
 
@@ -260,11 +275,15 @@ mod tests {
     fn an_edited_migration_is_refused_and_unknown_newer_ones_are_tolerated() {
         let applied = vec![(1, SQLITE[0].checksum())];
         let todo = pending(&SQLITE, &applied).expect("pending");
-        assert_eq!(todo.iter().map(|m| m.version).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(
+            todo.iter().map(|m| m.version).collect::<Vec<_>>(),
+            vec![2, 3]
+        );
         assert!(pending(&SQLITE, &[(1, "edited".into())]).is_err());
         let newer = vec![
             (1, SQLITE[0].checksum()),
             (2, SQLITE[1].checksum()),
+            (3, SQLITE[2].checksum()),
             (99, "x".into()),
         ];
         assert!(pending(&SQLITE, &newer).expect("tolerated").is_empty());

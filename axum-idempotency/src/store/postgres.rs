@@ -168,19 +168,18 @@ const KEY_BUSY_SQLSTATE: &str = "IK409";
 /// never outlive the claim. A hash collision between two keys only costs a
 /// spurious, retryable 409; the unique constraint still arbitrates.
 ///
-/// The lock id is `hashtextextended(current_schema() || chr(31) || caller ||
-/// chr(31) || key, 0)`, the expression earlier versions bound as parameters,
-/// so processes of both versions exclude each other during a rolling deploy
-/// (`tests/store.rs` checks it). A simple query cannot bind parameters, so
-/// caller and key travel hex-encoded and are decoded by PostgreSQL: nothing
-/// a caller sends can end the string or the `DO` body.
+/// The lock is taken by `axum_idempotency_try_key_lock`, a PL/pgSQL
+/// function the migrations create (migration 3): PostgreSQL compiles it
+/// once per connection, where the `DO` block earlier versions sent here was
+/// compiled on every request. Its lock id is `hashtextextended(current_schema()
+/// || chr(31) || caller || chr(31) || key, 0)`, the expression every version
+/// computes, so processes of old and new versions exclude each other during
+/// a rolling deploy (`tests/store.rs` checks it). A simple query cannot bind
+/// parameters, so caller and key travel hex-encoded and are decoded by
+/// PostgreSQL: nothing a caller sends can end the string.
 fn begin_locked_sql(id: &KeyId) -> String {
     format!(
-        "BEGIN; DO $idem$BEGIN IF NOT pg_try_advisory_xact_lock(hashtextextended(\
-         current_schema() || chr(31) || convert_from(decode('{caller}', 'hex'), 'UTF8') \
-         || chr(31) || convert_from(decode('{key}', 'hex'), 'UTF8'), 0)) THEN \
-         RAISE EXCEPTION 'idempotency key in flight' USING ERRCODE = '{KEY_BUSY_SQLSTATE}'; \
-         END IF; END$idem$",
+        "BEGIN; SELECT axum_idempotency_try_key_lock('{caller}', '{key}')",
         caller = hex::encode(id.caller().as_str()),
         key = hex::encode(id.key().as_str()),
     )
