@@ -14,17 +14,7 @@ async fn reference_server_conforms_across_seeds() {
     for seed in [1, 2, 3] {
         let (stack, loaded) = support::start(&bin, &[]).await;
         let r = support::run(&stack, &loaded, seed).await;
-        let bad: Vec<_> = r
-            .cases
-            .iter()
-            .filter(|c| {
-                matches!(
-                    c.verdict,
-                    Verdict::Fail | Verdict::Error | Verdict::Inconclusive
-                )
-            })
-            .map(|c| c.id.as_str())
-            .collect();
+        let bad = r.unsettled_cases();
         assert!(
             bad.is_empty(),
             "seed {seed}: {bad:?}\n{}",

@@ -110,17 +110,7 @@ async fn reference_server_on_mysql_conforms() {
         // The harness starts the server on SQLite; a second --database-url wins.
         let (stack, loaded) = support::start(&bin, &["--database-url", &db.url]).await;
         let r = support::run(&stack, &loaded, seed).await;
-        let bad: Vec<_> = r
-            .cases
-            .iter()
-            .filter(|c| {
-                matches!(
-                    c.verdict,
-                    Verdict::Fail | Verdict::Error | Verdict::Inconclusive
-                )
-            })
-            .map(|c| c.id.as_str())
-            .collect();
+        let bad = r.unsettled_cases();
         assert!(
             bad.is_empty(),
             "seed {seed}: {bad:?}\n{}",

@@ -331,17 +331,7 @@ async fn run_with(loaded: manifest::Loaded) -> idem_spec::report::Report {
 async fn a_contract_keeping_double_passes() {
     let r = run(Breaks::default()).await;
     let console = idem_conformance::verdict::report::console::render(&r);
-    let bad: Vec<&str> = r
-        .cases
-        .iter()
-        .filter(|c| {
-            matches!(
-                c.verdict,
-                Verdict::Fail | Verdict::Error | Verdict::Inconclusive
-            )
-        })
-        .map(|c| c.id.as_str())
-        .collect();
+    let bad = r.unsettled_cases();
     assert!(bad.is_empty(), "{bad:?}\n{console}");
     assert_eq!(r.summary.exit_code, 0, "{console}");
     let prefer = r

@@ -63,6 +63,16 @@ impl Verdict {
     }
 }
 
+impl Verdict {
+    /// Whether a case with this verdict says the target was not shown to
+    /// keep its MUSTs: broken (`Fail`), unknown (`Inconclusive`) or not
+    /// judged for the harness's fault (`Error`). What a test of a target
+    /// expected to conform requires none of.
+    pub fn unsettled(self) -> bool {
+        matches!(self, Self::Fail | Self::Error | Self::Inconclusive)
+    }
+}
+
 impl std::fmt::Display for Verdict {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -171,6 +181,18 @@ pub struct Report {
     pub waivers: Vec<WaiverReport>,
     /// Counts and the exit code.
     pub summary: Summary,
+}
+
+impl Report {
+    /// The ids of the cases whose verdict is [`Verdict::unsettled`], in
+    /// report order.
+    pub fn unsettled_cases(&self) -> Vec<&str> {
+        self.cases
+            .iter()
+            .filter(|c| c.verdict.unsettled())
+            .map(|c| c.id.as_str())
+            .collect()
+    }
 }
 
 /// One case's result.
@@ -355,4 +377,18 @@ pub struct ClauseCounts {
     pub non_strict: u32,
     /// No check produced a verdict.
     pub unchecked: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Verdict;
+
+    #[test]
+    fn only_fail_error_and_inconclusive_are_unsettled() {
+        let unsettled: Vec<Verdict> = Verdict::ALL.into_iter().filter(|v| v.unsettled()).collect();
+        assert_eq!(
+            unsettled,
+            [Verdict::Inconclusive, Verdict::Error, Verdict::Fail]
+        );
+    }
 }

@@ -208,12 +208,7 @@ fn validate_callers(m: &Manifest) -> Result<(), String> {
     if names.len() != m.callers.len() {
         return Err("caller names must be distinct".to_owned());
     }
-    for c in &m.callers {
-        if let Some(decl) = &c.signing {
-            crate::server::sign::Signer::new(decl)
-                .map_err(|e| format!("caller {:?}: signing.secret: {e}", c.name))?;
-        }
-    }
+    crate::server::sign::signers(&m.callers)?;
     if m.callers[0].headers == m.callers[1].headers && m.callers[0].signing == m.callers[1].signing
     {
         return Err(format!(
@@ -852,8 +847,8 @@ headers = { Authorization = "Bearer demo-bob" }
 vars = { from = "acc_bob_main", to = "acc_bob_savings" }
 # A caller known by a signature (a webhook sender) signs instead: the kit signs
 # every request it sends as that caller, afresh on each resend, and never
-# prints the secret. Standard Webhooks: webhook-id (the key's header, or a
-# fresh id), webhook-timestamp, webhook-signature.
+# prints the secret. Standard Webhooks: webhook-timestamp and webhook-signature
+# over the request's webhook-id (the key's header; an empty id when it has none).
 # signing = { scheme = "standard-webhooks", secret = "${BOB_WEBHOOK_SECRET}" }
 
 # Idempotent endpoints; the first is the one the cases exercise.

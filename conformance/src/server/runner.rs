@@ -55,15 +55,7 @@ pub fn client(loaded: &Loaded) -> Result<Client, Error> {
         .iter()
         .flat_map(|c| c.headers.keys().cloned())
         .chain(["authorization".to_owned(), "cookie".to_owned()]);
-    let mut signers = std::collections::BTreeMap::new();
-    for c in &m.callers {
-        if let Some(decl) = &c.signing {
-            let s = crate::server::sign::Signer::new(decl).map_err(|e| {
-                Error::ManifestInvalid(format!("caller {:?}: signing.secret: {e}", c.name))
-            })?;
-            signers.insert(c.name.clone(), s);
-        }
-    }
+    let signers = crate::server::sign::signers(&m.callers).map_err(Error::ManifestInvalid)?;
     Client::new(
         Duration::from_millis(m.limits.request_timeout_ms),
         m.limits.requests_per_second,

@@ -5,7 +5,9 @@
 
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
-use idem_spec::manifest::{Signing, SigningScheme};
+use std::collections::BTreeMap;
+
+use idem_spec::manifest::{Caller, Signing, SigningScheme};
 
 /// The header Standard Webhooks carries the message id in.
 const WEBHOOK_ID: &str = "webhook-id";
@@ -24,6 +26,21 @@ impl std::fmt::Debug for Signer {
         // The key is a secret: never in a log or a panic message.
         write!(f, "Signer({:?})", self.scheme)
     }
+}
+
+/// The signers of every caller that signs, by caller name; the error names
+/// the caller whose secret is wrong. Manifest validation and the run's
+/// client both use it, so a manifest that loads always has its signers.
+pub fn signers(callers: &[Caller]) -> Result<BTreeMap<String, Signer>, String> {
+    callers
+        .iter()
+        .filter_map(|c| c.signing.as_ref().map(|decl| (c, decl)))
+        .map(|(c, decl)| {
+            Signer::new(decl)
+                .map(|s| (c.name.clone(), s))
+                .map_err(|e| format!("caller {:?}: signing.secret: {e}", c.name))
+        })
+        .collect()
 }
 
 impl Signer {
