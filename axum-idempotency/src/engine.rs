@@ -512,6 +512,16 @@ impl<K: KeyStore> Engine<K> {
     /// stands for a stalled process (a long GC pause, a frozen VM), so the
     /// request's lease heartbeat stalls with it: that is what lets a test
     /// see a paused writer taken over and fenced.
+    /// Whether `req` carries a failpoint at `position` of `name` that this
+    /// engine honours (test hooks on).
+    pub(crate) fn armed_at(&self, req: &Incoming, position: Position, name: &str) -> bool {
+        self.failpoints.is_some()
+            && req
+                .armed
+                .iter()
+                .any(|f| f.position == position && f.name == name)
+    }
+
     pub(crate) async fn hit(&self, req: &Incoming, position: Position, name: &str) {
         if let Some(fp) = &self.failpoints {
             let pauses = req.armed.iter().any(|f| {

@@ -31,7 +31,7 @@
 //! | failpoint | where |
 //! |---|---|
 //! | `after=started` | key claimed (not committed), endpoint not yet run; `pause` here holds the key in flight, `error` answers 500 |
-//! | `before=finished` | final response stored with the endpoint's writes, not committed |
+//! | `before=finished` | final response stored with the endpoint's writes, not committed (a request armed here records and commits in two steps, so the moment exists; others may send both at once) |
 //! | `after=finished` | final response committed, not yet sent; `crash` here is a crash after commit |
 //!
 //! A multi-step endpoint also passes `before=P` and `after=P` for every

@@ -40,47 +40,43 @@ impl<K: KeyStore> Engine<K> {
     pub(crate) async fn record_single(
         &self,
         incoming: &Incoming,
-        mut tx: K::Tx,
+        tx: K::Tx,
         claim: &ClaimRequest<'_>,
         stored: &StoredResponse,
     ) -> Result<Recorded> {
         let now = self.clock().now_ms();
-        match self.store().record_final(&mut tx, claim, stored, now).await {
+        // A request armed to stop between its final write and the commit
+        // (`before=finished`, test hooks only) needs that moment to exist;
+        // every other one lets the store send both at once.
+        let outcome = if self.armed_at(incoming, Position::Before, RecoveryPoint::FINISHED) {
+            self.record_then_commit(incoming, tx, claim, stored, now)
+                .await
+        } else {
+            self.store()
+                .record_final_and_commit(tx, claim, stored, now)
+                .await
+        };
+        match outcome {
             Ok(Some(generation)) => {
                 tracing::debug!(key_hash = %incoming.id, generation, status = stored.status,
-                    "final outcome stored");
+                    "final outcome stored and committed");
             }
             Ok(None) => {
-                self.store().rollback(tx).await?;
                 tracing::info!(
                     key_hash = %incoming.id,
                     "lost the final write to a record committed meanwhile; rolled back"
                 );
                 return Ok(Recorded::Lost);
             }
-            Err(Error::Conflict) => {
-                // The database chose this transaction as a deadlock victim
-                // and rolled it back: a concurrent request holds the key.
-                let _ = self.store().rollback(tx).await;
-                return Ok(Recorded::Lost);
-            }
-            Err(e) => {
-                self.store().rollback(tx).await?;
-                return Err(e);
-            }
-        }
-        self.hit(incoming, Position::Before, RecoveryPoint::FINISHED)
-            .await;
-        match self.store().commit(tx).await {
-            Ok(()) => {}
-            // A commit refused because a concurrent transaction won (a
+            // The database chose this transaction as a deadlock victim, or
+            // refused its commit because a concurrent transaction won (a
             // Galera certification conflict: two nodes claimed the key at
-            // once): nothing of this request was written; observe again
-            // and replay the winner.
+            // once): nothing of this request was written; observe again and
+            // replay the winner.
             Err(Error::Conflict) => {
                 tracing::info!(
                     key_hash = %incoming.id,
-                    "commit lost to a concurrent transaction; rolled back, observing again"
+                    "final write lost to a concurrent transaction; rolled back, observing again"
                 );
                 return Ok(Recorded::Lost);
             }
@@ -89,6 +85,37 @@ impl<K: KeyStore> Engine<K> {
         self.hit(incoming, Position::After, RecoveryPoint::FINISHED)
             .await;
         Ok(Recorded::Committed)
+    }
+
+    /// [`KeyStore::record_final_and_commit`]'s default, with the
+    /// `before=finished` hook between the final write and the commit.
+    async fn record_then_commit(
+        &self,
+        incoming: &Incoming,
+        mut tx: K::Tx,
+        claim: &ClaimRequest<'_>,
+        stored: &StoredResponse,
+        now: crate::clock::Millis,
+    ) -> Result<Option<i64>> {
+        let generation = match self.store().record_final(&mut tx, claim, stored, now).await {
+            Ok(Some(generation)) => generation,
+            Ok(None) => {
+                self.store().rollback(tx).await?;
+                return Ok(None);
+            }
+            Err(Error::Conflict) => {
+                let _ = self.store().rollback(tx).await;
+                return Err(Error::Conflict);
+            }
+            Err(e) => {
+                self.store().rollback(tx).await?;
+                return Err(e);
+            }
+        };
+        self.hit(incoming, Position::Before, RecoveryPoint::FINISHED)
+            .await;
+        self.store().commit(tx).await?;
+        Ok(Some(generation))
     }
 
     /// Ends a claimed request with `response`: a final outcome is stored

@@ -734,6 +734,115 @@ async fn a_single_phase_claim_that_loses_its_final_write_leaves_no_business_writ
 }
 both!(a_single_phase_claim_that_loses_its_final_write_leaves_no_business_write);
 
+// clause: idem.claim.transactional, idem.claim.atomic, idem.window.expiry
+async fn the_final_write_and_its_commit_as_one_step(b: Backend) {
+    // What the engine calls at the end of every single-phase first
+    // execution (SQLite sends the insert and COMMIT to its worker at once,
+    // the other stores record then commit). For each shape of key row:
+    // the endpoint's write commits exactly when the record does, and the
+    // connections come back clean (a nested transaction is a savepoint,
+    // nothing is left open), so the next request on them is unaffected.
+    let db = db!(b, "store-final-commit");
+    let s = store(&db).await;
+    with_pool!(&s, p => {
+        sqlx::query("CREATE TABLE business (n BIGINT NOT NULL)").execute(p).await.unwrap();
+    });
+    let (fingerprint, request) = (fp("fp1"), request());
+    let now = 5_000;
+    // A complete record inside its window, one past it, an abandoned claim
+    // at `started`: what a fresh key's insert finds in its way.
+    let won = id("alice", "won");
+    let mut tx = s.begin().await.unwrap();
+    let winner = claim_request(&won, &fingerprint, &request, 1_000);
+    assert_eq!(
+        s.record_final(&mut tx, &winner, &response(), 1_000)
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    s.commit(tx).await.unwrap();
+    let old = id("alice", "old");
+    let mut tx = s.begin().await.unwrap();
+    let mut first = claim_request(&old, &fingerprint, &request, 0);
+    first.replay_until = 1_000;
+    assert_eq!(
+        s.record_final(&mut tx, &first, &response(), 0)
+            .await
+            .unwrap(),
+        Some(1)
+    );
+    s.commit(tx).await.unwrap();
+    in_flight_at(&s, "abandoned", "started", 0).await;
+    let mut mine = response();
+    mine.body = br#"{"id":"mine"}"#.to_vec();
+    let mut committed = 0;
+    for (key, expected) in [
+        ("fresh", Some(1)),
+        ("won", None),
+        ("old", Some(2)),
+        ("abandoned", Some(2)),
+    ] {
+        let kid = id("alice", key);
+        let req = claim_request(&kid, &fingerprint, &request, now);
+        // MySQL claims before the endpoint: a row it may not replace is
+        // Taken there already, and the endpoint never runs.
+        let mut tx = match s.begin_single(&req).await.unwrap() {
+            SingleTx::Open(tx) => tx,
+            SingleTx::Deferred => s.begin().await.unwrap(),
+            SingleTx::Taken => {
+                assert_eq!((b, expected), (Backend::MySql, None), "{key}");
+                continue;
+            }
+            SingleTx::Busy => panic!("{key}: busy"),
+        };
+        axum_idempotency::with_conn!(&mut tx, c => {
+            sqlx::query("INSERT INTO business (n) VALUES (1)").execute(&mut *c).await.unwrap();
+        });
+        let got = s
+            .record_final_and_commit(tx, &req, &mine, now)
+            .await
+            .unwrap();
+        assert_eq!(got, expected, "{key}");
+        committed += i64::from(got.is_some());
+        assert_eq!(
+            business_rows(&s).await,
+            committed,
+            "{key}: writes iff recorded"
+        );
+        let rec = s.lookup(&kid).await.unwrap().unwrap();
+        assert_eq!(rec.state, KeyState::Complete, "{key}");
+        let body = rec.response.map(|r| r.body);
+        if got.is_some() {
+            assert_eq!(body, Some(mine.body.clone()), "{key}: ours");
+            assert_eq!(rec.generation, expected.unwrap(), "{key}");
+        } else {
+            assert_eq!(
+                body,
+                Some(response().body),
+                "{key}: the winner's, untouched"
+            );
+        }
+    }
+    // Every pooled connection, taken at once: none is inside a
+    // transaction, and a transaction on each nests as a savepoint.
+    with_pool!(&s, p => {
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            let mut c = p.acquire().await.unwrap();
+            assert!(!c.is_in_transaction(), "a connection came back inside a transaction");
+            let mut outer = c.begin().await.unwrap();
+            let inner = outer.begin().await.unwrap();
+            inner.rollback().await.unwrap();
+            outer.rollback().await.unwrap();
+            held.push(c);
+        }
+    });
+    // And the writer is free: a new write transaction opens and commits.
+    let tx = s.begin().await.unwrap();
+    s.commit(tx).await.unwrap();
+}
+both!(the_final_write_and_its_commit_as_one_step);
+
 // clause: idem.claim.atomic, idem.window.progress
 async fn the_final_write_never_replaces_a_record_in_flight(b: Backend) {
     // A multi-step request's committed claim (live lease, and one with

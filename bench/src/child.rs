@@ -27,7 +27,8 @@ pub struct ChildServer {
     pub addr: SocketAddr,
     /// Its process id (for `/proc`).
     pub pid: u32,
-    /// Stderr lines containing the watched marker so far (see [`Spawn::count_stderr`]).
+    /// Statements in the stderr lines containing the watched marker so far
+    /// (see [`Spawn::count_stderr`]).
     counted: Arc<AtomicU64>,
 }
 
@@ -64,7 +65,11 @@ impl Spawn {
         self
     }
 
-    /// Counts the child's stderr lines that contain `marker`.
+    /// Counts the statements in the child's stderr lines that contain
+    /// `marker`: one per line, plus one per `"; "` in it (sqlx logs a
+    /// statement list sent as one query, such as SQLite's final write with
+    /// its `COMMIT`, as one line; none of the logged SQL has a `;` of its
+    /// own).
     pub fn count_stderr(mut self, marker: &str) -> Self {
         self.count = Some(marker.to_owned());
         self
@@ -100,7 +105,8 @@ impl Spawn {
                 let mut lines = BufReader::new(err).lines();
                 while let Ok(Some(line)) = lines.next_line().await {
                     if line.contains(&marker) {
-                        counted.fetch_add(1, Ordering::Relaxed);
+                        let listed = line.matches("; ").count() as u64;
+                        counted.fetch_add(1 + listed, Ordering::Relaxed);
                     }
                 }
             });

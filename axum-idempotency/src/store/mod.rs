@@ -69,7 +69,14 @@
 //!    complete record `ON CONFLICT (caller, idem_key) DO UPDATE ... WHERE`
 //!    the existing row is replaceable (its window is over, or it is in
 //!    flight at `started` with an expired lease), `RETURNING generation`,
-//!    then `COMMIT`. A `5xx` instead rolls everything back, nothing stored.
+//!    then `COMMIT` ([`KeyStore::record_final_and_commit`] does both). On
+//!    SQLite a key without a row, the usual first execution, takes a
+//!    shorter path: a plain `INSERT` of the complete record, `COMMIT` and an
+//!    empty `BEGIN` sent to the connection's worker thread as one statement
+//!    list, one hand-off instead of two while holding the writer. A row in
+//!    the way fails that `INSERT` on the primary key, SQLite stops the list
+//!    before its `COMMIT`, and the upsert above decides in the same
+//!    transaction. A `5xx` instead rolls everything back, nothing stored.
 //!
 //! [`begin_single`]: KeyStore::begin_single
 //!
@@ -111,8 +118,9 @@
 //!   statements, the claim-and-record, `COMMIT` (two statements and one
 //!   `BEGIN` more than the endpoint alone). SQLite: one read outside the
 //!   writer, then, at the endpoint's first write, `BEGIN IMMEDIATE`, the
-//!   endpoint's statements, the claim-and-record, `COMMIT` (one statement
-//!   more under the writer).
+//!   endpoint's statements, then the claim-and-record with `COMMIT` in one
+//!   hand-off to the worker thread (the writer is held for three hand-offs
+//!   where the endpoint's statement alone, autocommitted, takes one).
 //! - What holds what while the endpoint runs: on SQLite, nothing before
 //!   its first write and the one writer from then until the commit (every
 //!   other first execution of the application waits for it, bounded by the
@@ -606,6 +614,41 @@ pub trait KeyStore: Clone + Send + Sync + 'static {
         response: &StoredResponse,
         now: Millis,
     ) -> impl Future<Output = Result<Option<i64>>> + Send;
+
+    /// [`record_final`](KeyStore::record_final), then the commit of `tx`
+    /// (its rollback when the record lost), as one step: a store that can
+    /// hand both to the database at once overrides it (SQLite: one hand-off
+    /// to the connection's worker thread instead of two, while this process
+    /// holds the one writer). `Some(generation)`: recorded and committed
+    /// with the endpoint's writes; `None`: lost to a committed record,
+    /// everything rolled back; [`Error::Conflict`](crate::Error::Conflict):
+    /// lost to a concurrent transaction (a deadlock victim, a certification
+    /// conflict), nothing of `tx` committed. Any other error: as a failed
+    /// commit, nothing is known committed.
+    fn record_final_and_commit(
+        &self,
+        mut tx: Self::Tx,
+        req: &ClaimRequest<'_>,
+        response: &StoredResponse,
+        now: Millis,
+    ) -> impl Future<Output = Result<Option<i64>>> + Send {
+        async move {
+            match self.record_final(&mut tx, req, response, now).await {
+                Ok(Some(generation)) => self.commit(tx).await.map(|()| Some(generation)),
+                Ok(None) => self.rollback(tx).await.map(|()| None),
+                Err(crate::Error::Conflict) => {
+                    // Already rolled back by the database; the rollback
+                    // here only returns the connection.
+                    let _ = self.rollback(tx).await;
+                    Err(crate::Error::Conflict)
+                }
+                Err(e) => {
+                    self.rollback(tx).await?;
+                    Err(e)
+                }
+            }
+        }
+    }
 
     /// Inside `tx`: makes `write` if `fence` is still current, else
     /// [`Error::Fenced`](crate::Error::Fenced) (the caller then rolls `tx`

@@ -510,6 +510,115 @@ macro_rules! ops {
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite {
     ops!(sqlx::SqliteConnection);
+
+    use std::sync::LazyLock;
+
+    use futures_util::TryStreamExt;
+
+    /// The single-phase final write for a key with no row yet, followed by
+    /// `COMMIT` and a fresh (deferred, lock-free) `BEGIN`, as one statement
+    /// list: one hand-off to the connection's worker thread instead of two.
+    /// It is [`CLAIM_FINAL_SQL`] cut before its `ON CONFLICT`, so a row
+    /// that exists (another process's record, an expired window, an
+    /// abandoned claim) makes the `INSERT` fail on the primary key and
+    /// SQLite stops the list there: the `COMMIT` behind it never runs
+    /// without the key. The trailing `BEGIN` leaves the connection inside a
+    /// transaction, as sqlx's own count of open transactions says it is;
+    /// committing that empty transaction afterwards touches nothing. (sqlx
+    /// 0.8 marks statement lists with arguments as deprecated, launchbadge/sqlx#3108:
+    /// the store test `the_final_write_and_its_commit_as_one_step` fails
+    /// on the first upgrade that drops them.)
+    static INSERT_FINAL_COMMIT_SQL: LazyLock<String> = LazyLock::new(|| {
+        let (insert, _) = CLAIM_FINAL_SQL
+            .split_once(" ON CONFLICT")
+            .expect("the final claim is an upsert");
+        format!("{insert}; COMMIT; BEGIN")
+    });
+
+    /// How [`insert_final_commit`] ended.
+    #[derive(Debug)]
+    pub(crate) enum FinalInsert {
+        /// Inserted and committed with the transaction's writes.
+        Committed,
+        /// Committed, but the trailing `BEGIN` failed: the connection's
+        /// transaction count is off, so it must not be reused.
+        CommittedConnectionSpoilt(sqlx::Error),
+        /// The key has a row already: nothing ran past the `INSERT`, the
+        /// transaction is open and unchanged.
+        RowExists,
+        /// The `INSERT` or the `COMMIT` failed: nothing is known committed.
+        Failed(sqlx::Error),
+    }
+
+    /// Runs [`INSERT_FINAL_COMMIT_SQL`] with the binds of `claim_final`.
+    pub(crate) async fn insert_final_commit(
+        c: &mut sqlx::SqliteConnection,
+        req: &ClaimRequest<'_>,
+        response: &StoredResponse,
+        now: i64,
+    ) -> Result<FinalInsert> {
+        use sqlx::Executor;
+        let replay_until = if req.replay_until <= now {
+            req.expires_at
+        } else {
+            req.replay_until
+        };
+        let headers = headers_json(response)?;
+        let query = sqlx::query(INSERT_FINAL_COMMIT_SQL.as_str())
+            .bind(req.id.caller().as_str())
+            .bind(req.id.key().as_str())
+            .bind(req.fingerprint.to_hex())
+            .bind(req.now)
+            .bind(replay_until)
+            .bind(req.expires_at)
+            .bind(now)
+            .bind(&req.request.method)
+            .bind(&req.request.path)
+            .bind(req.request.content_type.as_deref())
+            .bind(req.request.body.as_ref())
+            .bind(i64::from(response.status))
+            .bind(headers)
+            .bind(&response.body);
+        // Which statement of the three failed decides what is committed:
+        // count the ones that finished.
+        let mut done = 0usize;
+        let mut steps = c.fetch_many(query);
+        let failure = loop {
+            match steps.try_next().await {
+                Ok(Some(sqlx::Either::Left(_))) => done += 1,
+                Ok(Some(sqlx::Either::Right(_))) => {}
+                Ok(None) => break None,
+                Err(e) => break Some(e),
+            }
+        };
+        drop(steps);
+        Ok(match (failure, done) {
+            (None, 3) => FinalInsert::Committed,
+            (None, n) => FinalInsert::Failed(sqlx::Error::Protocol(format!(
+                "the final insert ran {n} of its 3 statements"
+            ))),
+            (Some(e), 0) if is_unique_violation(&e) => FinalInsert::RowExists,
+            (Some(e), 0 | 1) => FinalInsert::Failed(e),
+            (Some(e), _) => FinalInsert::CommittedConnectionSpoilt(e),
+        })
+    }
+
+    fn is_unique_violation(e: &sqlx::Error) -> bool {
+        matches!(e, sqlx::Error::Database(d) if d.is_unique_violation())
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn the_committing_insert_is_the_final_claim_without_its_upsert() {
+            let sql = INSERT_FINAL_COMMIT_SQL.as_str();
+            assert!(CLAIM_FINAL_SQL.starts_with(sql.trim_end_matches("; COMMIT; BEGIN")));
+            assert!(sql.ends_with("$12, $13, $14); COMMIT; BEGIN"), "{sql}");
+            assert!(!sql.contains("ON CONFLICT") && !sql.contains("RETURNING"));
+        }
+    }
 }
 
 /// The operations on a PostgreSQL connection.

@@ -237,6 +237,20 @@ macro_rules! stores {
                 }
             }
 
+            async fn record_final_and_commit(
+                &self,
+                tx: DbTx,
+                req: &ClaimRequest<'_>,
+                response: &StoredResponse,
+                now: Millis,
+            ) -> Result<Option<i64>> {
+                #[allow(unreachable_patterns)]
+                match (self, tx) {
+                    $( #[cfg(feature = $feature)] (Self::$variant(s), DbTx::$variant(tx)) => s.record_final_and_commit(tx, req, response, now).await, )*
+                    _ => Err(wrong_backend()),
+                }
+            }
+
             async fn write_fenced(
                 &self,
                 tx: &mut DbTx,

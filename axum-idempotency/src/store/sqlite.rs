@@ -345,6 +345,61 @@ impl KeyStore for SqliteStore {
         .await
     }
 
+    async fn record_final_and_commit(
+        &self,
+        mut tx: SqliteTx,
+        req: &ClaimRequest<'_>,
+        response: &StoredResponse,
+        now: Millis,
+    ) -> Result<Option<i64>> {
+        use ops::sqlite::FinalInsert;
+        crate::metrics::timed(Stage::RecordFinal, async {
+            // A key without a row (every first execution but a reclaim) is
+            // inserted and committed in one hand-off to the worker; SQLite's
+            // write lock goes with that COMMIT, so this process's writer
+            // gate is handed on before the empty transaction sqlx counts is
+            // closed.
+            match ops::sqlite::insert_final_commit(&mut tx, req, response, now).await? {
+                FinalInsert::Committed => {
+                    drop(tx._writer.take());
+                    if let Err(e) = tx.commit().await {
+                        // The record is committed; the connection retires
+                        // itself if this left it inside a transaction.
+                        tracing::warn!(error = %e, "closing the empty transaction after the final commit failed");
+                    }
+                    Ok(Some(1))
+                }
+                FinalInsert::CommittedConnectionSpoilt(e) => {
+                    // Dropped: the pool's release hook retires a connection
+                    // that sqlx counts inside a transaction.
+                    tracing::warn!(error = %e, "the final write committed, but its connection cannot be reused");
+                    drop(tx);
+                    Ok(Some(1))
+                }
+                FinalInsert::RowExists => {
+                    // The key's row is there: the upsert decides, in the same
+                    // transaction, whether it may be replaced.
+                    match ops::sqlite::claim_final(&mut tx, req, response, now).await {
+                        Ok(Some(generation)) => tx.commit().await.map(|()| Some(generation)),
+                        Ok(None) => tx.rollback().await.map(|()| None),
+                        Err(e) => {
+                            tx.rollback().await?;
+                            Err(e)
+                        }
+                    }
+                }
+                FinalInsert::Failed(e) => {
+                    // The worker stopped at the failed statement; what is
+                    // left open is rolled back (a connection it cannot roll
+                    // back is retired by the pool).
+                    let _ = tx.rollback().await;
+                    Err(Error::from(e))
+                }
+            }
+        })
+        .await
+    }
+
     async fn write_fenced(
         &self,
         tx: &mut SqliteTx,
