@@ -119,8 +119,10 @@
 //!   `BEGIN` more than the endpoint alone). SQLite: one read outside the
 //!   writer, then, at the endpoint's first write, `BEGIN IMMEDIATE`, the
 //!   endpoint's statements, then the claim-and-record with `COMMIT` in one
-//!   hand-off to the worker thread (the writer is held for three hand-offs
-//!   where the endpoint's statement alone, autocommitted, takes one).
+//!   hand-off to the worker thread: the writer is held for four hand-offs
+//!   (`BEGIN IMMEDIATE` is two, as sqlx checks that a custom `BEGIN`
+//!   opened a transaction through the connection's handle) where the
+//!   endpoint's statement alone, autocommitted, takes one.
 //! - What holds what while the endpoint runs: on SQLite, nothing before
 //!   its first write and the one writer from then until the commit (every
 //!   other first execution of the application waits for it, bounded by the
