@@ -217,4 +217,4 @@ pub use store::PgStore;
 #[cfg(feature = "sqlite")]
 pub use store::SqliteStore;
 pub use store::Store;
-pub use store::StoreOptions;
+pub use store::{SqliteSync, StoreOptions};

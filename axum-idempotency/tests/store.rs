@@ -1079,3 +1079,53 @@ async fn postgres_refuses_to_start_when_advisory_locks_are_stubs() {
         other => panic!("a stub lock must be refused, got {other:?}"),
     }
 }
+
+/// `PRAGMA synchronous` on every connection of `store`'s pool, two held at
+/// once so the answer is not one connection's.
+async fn sqlite_synchronous(store: &Store) -> Vec<i64> {
+    let Store::Sqlite(s) = store else {
+        panic!("a SQLite store");
+    };
+    let mut held = Vec::new();
+    let mut levels = Vec::new();
+    for _ in 0..2 {
+        let mut conn = s.pool().acquire().await.unwrap();
+        let level: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        levels.push(level);
+        held.push(conn);
+    }
+    levels
+}
+
+#[tokio::test]
+async fn sqlite_synchronous_is_the_one_asked_for_and_other_stores_refuse_it() {
+    use axum_idempotency::{SqliteSync, StoreOptions};
+    let db = TestDb::new(Backend::Sqlite, "store-sync").await.unwrap();
+    let normal = Store::connect_with(&db.url, &StoreOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(sqlite_synchronous(&normal).await, [1, 1], "NORMAL is 1");
+    normal.close().await;
+    let full = StoreOptions::default().sqlite_synchronous(SqliteSync::Full);
+    let durable = Store::connect_with(&db.url, &full).await.unwrap();
+    assert_eq!(sqlite_synchronous(&durable).await, [2, 2], "FULL is 2");
+    durable.close().await;
+    // A server store would ignore the setting: refused, never dropped.
+    let mut servers = vec![Backend::Postgres];
+    if cfg!(feature = "mysql") {
+        servers.push(Backend::MySql);
+    }
+    for backend in servers {
+        let Some(server) = TestDb::new(backend, "store-sync").await else {
+            continue;
+        };
+        let refused = Store::connect_with(&server.url, &full).await;
+        assert!(
+            matches!(refused, Err(Error::Config(ref m)) if m.contains("sqlite_synchronous")),
+            "{backend:?}: {refused:?}"
+        );
+    }
+}

@@ -91,6 +91,9 @@ pub fn tokens_toml(callers: usize) -> String {
     s
 }
 
+/// The flags that give idem-server and the baseline durable settings.
+pub const DURABLE_FLAGS: &[&str] = &["--sqlite-synchronous", "full"];
+
 /// The three processes of the issue-13 scenarios.
 pub struct Stack {
     /// The fake payment processor.
@@ -103,13 +106,14 @@ pub struct Stack {
 
 impl Stack {
     /// Starts the processor, then idem-server on `idem_url` and the
-    /// baseline on `base_url`; `log` is a log filter whose sqlx statement
-    /// lines are counted (the SQLite counting pass).
+    /// baseline on `base_url`, both with `extra` flags (`--sqlite-synchronous
+    /// full`); `log` is a log filter whose sqlx statement lines are counted
+    /// (the SQLite counting pass).
     pub async fn start(
         bins: &Bins,
-        dir: &Path,
-        tokens: &Path,
+        (dir, tokens): (&Path, &Path),
         (idem_url, base_url): (&str, &str),
+        extra: &[&str],
         log: Option<&str>,
     ) -> Result<Self> {
         let processor_db = dir.join(format!(
@@ -128,6 +132,7 @@ impl Stack {
         let server = with_log(
             Spawn::new(&bins.server)
                 .args(server_flags(tokens, idem_url))
+                .args(extra)
                 .args(["--processor-url", &processor.base_url()]),
         )
         .start()
@@ -135,7 +140,8 @@ impl Stack {
         let baseline = with_log(
             Spawn::new(&bins.bench)
                 .args(["serve-baseline", "--"])
-                .args(server_flags(tokens, base_url)),
+                .args(server_flags(tokens, base_url))
+                .args(extra),
         )
         .start()
         .await?;

@@ -58,11 +58,17 @@ pub enum Scenario {
     MinWriteFull,
     /// The same app: `POST /plain/write`, the same row without the layer.
     MinWritePlainFull,
+    /// `POST /v1/transfers` on a baseline server whose SQLite pool has
+    /// `synchronous = FULL` (`--sqlite-synchronous full`), no key.
+    BaselineFull,
+    /// `POST /v1/transfers` on idem-server with `--sqlite-synchronous
+    /// full`, a fresh key per request.
+    FirstFull,
 }
 
 impl Scenario {
     /// Every scenario, in the order a round runs them.
-    pub const ALL: [Scenario; 11] = [
+    pub const ALL: [Scenario; 13] = [
         Self::Baseline,
         Self::First,
         Self::Replay,
@@ -74,6 +80,8 @@ impl Scenario {
         Self::MinNone,
         Self::MinWritePlainFull,
         Self::MinWriteFull,
+        Self::BaselineFull,
+        Self::FirstFull,
     ];
 
     /// The scenarios of idem-server, the baseline and the processor (issue 13).
@@ -93,11 +101,16 @@ impl Scenario {
         Self::MinNone,
     ];
 
-    /// The minimal app's write pair with durable settings (issue 33): on
-    /// SQLite `synchronous = FULL`. PostgreSQL's cells already run on its
-    /// default `fsync = on`, `synchronous_commit = on`, so these run on
-    /// SQLite only ([`Scenario::runs_on`]).
-    pub const DURABLE: [Scenario; 2] = [Self::MinWritePlainFull, Self::MinWriteFull];
+    /// The minimal app's write pair and the transfer pair with durable
+    /// settings (issue 33): on SQLite `synchronous = FULL`. PostgreSQL's
+    /// cells already run on its default `fsync = on`, `synchronous_commit =
+    /// on`, so these run on SQLite only ([`Scenario::runs_on`]).
+    pub const DURABLE: [Scenario; 4] = [
+        Self::MinWritePlainFull,
+        Self::MinWriteFull,
+        Self::BaselineFull,
+        Self::FirstFull,
+    ];
 
     /// Lower-case name.
     pub fn name(self) -> &'static str {
@@ -113,12 +126,15 @@ impl Scenario {
             Self::MinNonePlain => "min-none-plain",
             Self::MinWriteFull => "min-write-full",
             Self::MinWritePlainFull => "min-write-plain-full",
+            Self::BaselineFull => "baseline-full",
+            Self::FirstFull => "first-full",
         }
     }
 
-    /// Whether it runs on the minimal app (the durable pair included).
+    /// Whether it runs on the minimal app (its durable pair included).
     pub fn is_minimal(self) -> bool {
-        Self::MINIMAL.contains(&self) || self.is_durable()
+        Self::MINIMAL.contains(&self)
+            || matches!(self, Self::MinWriteFull | Self::MinWritePlainFull)
     }
 
     /// Whether it runs on the minimal app started with durable settings.
@@ -126,7 +142,7 @@ impl Scenario {
         Self::DURABLE.contains(&self)
     }
 
-    /// Whether it is run on `store`: the durable pair only where durability
+    /// Whether it is run on `store`: the durable cells only where durability
     /// is a setting of the app's connections (SQLite's `synchronous`).
     pub fn runs_on(self, store: StoreKind) -> bool {
         !self.is_durable() || store == StoreKind::Sqlite
@@ -145,8 +161,8 @@ impl Scenario {
 
 /// What `--scenarios` selects: `transfers` (baseline, first, replay),
 /// `payments` (payments, processor), `minimal` (the four minimal-app cells
-/// and the stage-times pass), `durable` (the minimal write pair on SQLite
-/// with `synchronous = FULL`), `concurrent` (the timed concurrency
+/// and the stage-times pass), `durable` (the minimal write pair and the
+/// transfer pair on SQLite with `synchronous = FULL`), `concurrent` (the timed concurrency
 /// scenario), `stages` (the stage-times pass alone), `all`, or any single
 /// scenario name.
 pub fn select(cfg: &mut Config, names: &[String]) -> std::result::Result<(), String> {
@@ -291,9 +307,22 @@ impl Config {
 }
 
 impl Config {
-    /// Whether idem-server, the baseline and the processor are needed.
+    /// Whether idem-server, the baseline and the processor are needed
+    /// (with default or durable settings).
     pub fn needs_servers(&self) -> bool {
         self.scenarios.iter().any(|s| !s.is_minimal())
+    }
+
+    /// Whether the stack with the library's default settings is needed.
+    pub fn needs_stack(&self) -> bool {
+        self.scenarios.iter().any(|s| Scenario::SERVER.contains(s))
+    }
+
+    /// Whether the stack with durable settings is needed on `store`.
+    pub fn needs_durable_stack(&self, store: StoreKind) -> bool {
+        self.scenarios
+            .iter()
+            .any(|s| !s.is_minimal() && s.is_durable() && s.runs_on(store))
     }
 
     /// Whether the minimal app is needed.

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use crate::apps::{Bins, MinimalStart, Stack, start_minimal};
+use crate::apps::{Bins, DURABLE_FLAGS, MinimalStart, Stack, start_minimal};
 use crate::child::ChildServer;
 use crate::config::{Config, Scenario};
 use crate::load::{self, Load};
@@ -18,47 +18,77 @@ use crate::{Error, Result};
 
 const LOG: &str = "warn,sqlx::query=debug";
 
-/// The issue-13 scenarios that write: a second stack on fresh files.
+/// The issue-13 scenarios that ran: a fresh stack on fresh files (and one
+/// with `--sqlite-synchronous full` for the durable transfer pair).
 pub async fn servers(
     cfg: &Config,
     bins: &Bins,
-    dir: &Path,
-    tokens: &Path,
+    (dir, tokens): (&Path, &Path),
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Vec<Count>> {
-    let idem = dir.join("count_idem.db");
-    let base = dir.join("count_base.db");
-    let urls = (
-        format!("sqlite://{}", idem.display()),
-        format!("sqlite://{}", base.display()),
-    );
-    let stack = Stack::start(bins, dir, tokens, (&urls.0, &urls.1), Some(LOG)).await?;
-    let c = 4.min(cfg.callers);
-    if cfg.scenarios.contains(&Scenario::Replay) {
-        prewarm(stack.server.addr, c, cfg.replay_keys_per_caller).await?;
-    }
     let mut out = Vec::new();
-    for (i, scenario) in [
-        Scenario::Baseline,
-        Scenario::First,
-        Scenario::Replay,
-        Scenario::Payments,
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        if !cfg.scenarios.contains(&scenario) {
+    for (name, scenarios, extra) in [
+        (
+            "count",
+            [
+                Scenario::Baseline,
+                Scenario::First,
+                Scenario::Replay,
+                Scenario::Payments,
+            ]
+            .as_slice(),
+            &[][..],
+        ),
+        (
+            "count_full",
+            [Scenario::BaselineFull, Scenario::FirstFull].as_slice(),
+            DURABLE_FLAGS,
+        ),
+    ] {
+        let ran: Vec<Scenario> = scenarios
+            .iter()
+            .copied()
+            .filter(|s| cfg.scenarios.contains(s))
+            .collect();
+        if ran.is_empty() {
             continue;
         }
-        let (child, db) = if scenario == Scenario::Baseline {
-            (&stack.baseline, &base)
-        } else {
-            (&stack.server, &idem)
-        };
-        out.push(count_one(cfg, child, db, scenario, 1_000_000 + i as u64, progress).await?);
+        let idem = dir.join(format!("{name}_idem.db"));
+        let base = dir.join(format!("{name}_base.db"));
+        let urls = (
+            format!("sqlite://{}", idem.display()),
+            format!("sqlite://{}", base.display()),
+        );
+        let stack = Stack::start(bins, (dir, tokens), (&urls.0, &urls.1), extra, Some(LOG)).await?;
+        if ran.contains(&Scenario::Replay) {
+            prewarm(
+                stack.server.addr,
+                4.min(cfg.callers),
+                cfg.replay_keys_per_caller,
+            )
+            .await?;
+        }
+        for scenario in ran {
+            let (child, db) = if matches!(scenario, Scenario::Baseline | Scenario::BaselineFull) {
+                (&stack.baseline, &base)
+            } else {
+                (&stack.server, &idem)
+            };
+            out.push(count_one(cfg, child, db, scenario, tag(scenario), progress).await?);
+        }
+        stack.stop().await;
     }
-    stack.stop().await;
     Ok(out)
+}
+
+/// Keys of the counting pass, unique per scenario and apart from the
+/// timed cells' tags.
+fn tag(scenario: Scenario) -> u64 {
+    let i = Scenario::ALL
+        .iter()
+        .position(|s| *s == scenario)
+        .unwrap_or(0);
+    3_000_000 + i as u64
 }
 
 /// The minimal app's scenarios that ran: a fresh app on its own file
@@ -74,7 +104,7 @@ pub async fn minimal(
         ("count_min.db", &Scenario::MINIMAL[..], &[][..]),
         (
             "count_min_full.db",
-            &Scenario::DURABLE[..],
+            &[Scenario::MinWritePlainFull, Scenario::MinWriteFull][..],
             &["--synchronous", "full"][..],
         ),
     ] {
@@ -100,12 +130,7 @@ pub async fn minimal(
         )
         .await?;
         for scenario in ran {
-            let tag = 3_000_000
-                + Scenario::ALL
-                    .iter()
-                    .position(|s| *s == scenario)
-                    .unwrap_or(0);
-            out.push(count_one(cfg, &app, &db, scenario, tag as u64, progress).await?);
+            out.push(count_one(cfg, &app, &db, scenario, tag(scenario), progress).await?);
         }
         app.stop().await;
     }

@@ -18,7 +18,8 @@
 //! - `min-write`, `min-write-plain`, `min-none`, `min-none-plain`: the
 //!   [`minimal`] app (the library wired as its README says), a handler that
 //!   writes one row or nothing, with and without the layer;
-//! - `min-write-full`, `min-write-plain-full`: the minimal write pair on
+//! - `min-write-full`, `min-write-plain-full`, `first-full`,
+//!   `baseline-full`: the minimal write pair and the transfer pair on
 //!   SQLite with `synchronous = FULL` (issue 33's durable settings;
 //!   PostgreSQL's cells already run on its default `fsync = on`);
 //!

@@ -35,9 +35,10 @@ struct Cli {
     #[arg(long)]
     callers: Option<usize>,
     /// What to run, comma-separated: all (default), transfers, payments,
-    /// minimal, concurrent, stages, or single scenarios (first, replay,
-    /// baseline, payments, processor, min-write, min-write-plain,
-    /// min-none, min-none-plain).
+    /// minimal, durable, concurrent, stages, or single scenarios (first,
+    /// replay, baseline, payments, processor, min-write, min-write-plain,
+    /// min-none, min-none-plain, min-write-full, min-write-plain-full,
+    /// baseline-full, first-full).
     #[arg(long, value_delimiter = ',')]
     scenarios: Option<Vec<String>>,
     #[command(subcommand)]

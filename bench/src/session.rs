@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::Result;
-use crate::apps::{Bins, Dbs, MinimalStart, Stack, start_minimal, tokens_toml};
+use crate::apps::{Bins, DURABLE_FLAGS, Dbs, MinimalStart, Stack, start_minimal, tokens_toml};
 use crate::child::{ChildServer, TempDir};
 use crate::config::{Config, Scenario, StoreKind};
 use crate::measure::{CellAt, measure_cell, summarize};
@@ -20,6 +20,9 @@ use crate::scenario::{concurrent, memory, stages, transfers};
 struct Apps {
     /// idem-server, baseline and processor, when a server scenario runs.
     stack: Option<Stack>,
+    /// The same with durable settings (SQLite `synchronous = FULL`), when
+    /// the durable transfer pair runs.
+    durable_stack: Option<Stack>,
     /// The minimal app and its database, when a minimal scenario runs.
     minimal: Option<(ChildServer, String)>,
     /// The minimal app with durable settings (SQLite `synchronous = FULL`).
@@ -33,8 +36,10 @@ impl Apps {
     /// read from.
     fn serving(&self, scenario: Scenario) -> Result<(&ChildServer, Option<&'static str>)> {
         let found = match (scenario, &self.stack) {
-            (s, _) if s.is_durable() => self.durable.as_ref().map(|d| (d, None)),
+            (s, _) if s.is_durable() && s.is_minimal() => self.durable.as_ref().map(|d| (d, None)),
             (s, _) if s.is_minimal() => self.minimal.as_ref().map(|(m, _)| (m, Some("bench_min"))),
+            (Scenario::BaselineFull, _) => self.durable_stack.as_ref().map(|d| (&d.baseline, None)),
+            (Scenario::FirstFull, _) => self.durable_stack.as_ref().map(|d| (&d.server, None)),
             (Scenario::Baseline, Some(st)) => Some((&st.baseline, Some("bench_base"))),
             (Scenario::Processor, Some(st)) => Some((&st.processor, None)),
             (_, Some(st)) => Some((&st.server, Some("bench_idem"))),
@@ -94,6 +99,7 @@ pub async fn session(
     }
     let Apps {
         stack,
+        durable_stack,
         minimal,
         durable,
         pool,
@@ -101,28 +107,17 @@ pub async fn session(
     for app in minimal.map(|(m, _)| m).into_iter().chain(durable) {
         app.stop().await;
     }
+    for s in stack.into_iter().chain(durable_stack) {
+        s.stop().await;
+    }
     let stages = if cfg.stages {
         stages::passes(cfg, &bins.bench, &dbs, pool, kind, progress).await?
     } else {
         Vec::new()
     };
-    let counts = match (&dbs, stack) {
-        (Dbs::Sqlite { dir }, stack) => {
-            let mut counts = Vec::new();
-            if let Some(stack) = stack {
-                stack.stop().await;
-                counts = crate::counting::servers(cfg, bins, dir, &tokens, progress).await?;
-            }
-            if cfg.scenarios.iter().any(|s| s.is_minimal()) {
-                counts.extend(crate::counting::minimal(cfg, bins, dir, progress).await?);
-            }
-            counts
-        }
-        (_, Some(stack)) => {
-            stack.stop().await;
-            Vec::new()
-        }
-        (_, None) => Vec::new(),
+    let counts = match &dbs {
+        Dbs::Sqlite { dir } => sqlite_counts(cfg, bins, (dir, &tokens), progress).await?,
+        Dbs::Postgres { .. } | Dbs::MySql(_) => Vec::new(),
     };
     let cells = rounds
         .into_iter()
@@ -141,8 +136,27 @@ pub async fn session(
     })
 }
 
+/// The SQLite counting pass of every scenario that ran, on fresh apps
+/// (the timed ones are stopped first: one writer per file).
+async fn sqlite_counts(
+    cfg: &Config,
+    bins: &Bins,
+    (dir, tokens): (&std::path::Path, &std::path::Path),
+    progress: &(dyn Fn(&str) + Sync),
+) -> Result<Vec<crate::results::Count>> {
+    let mut counts = Vec::new();
+    if cfg.needs_servers() {
+        counts = crate::counting::servers(cfg, bins, (dir, tokens), progress).await?;
+    }
+    if cfg.scenarios.iter().any(|s| s.is_minimal()) {
+        counts.extend(crate::counting::minimal(cfg, bins, dir, progress).await?);
+    }
+    Ok(counts)
+}
+
 /// Starts what the selected scenarios need: the stack (processor,
-/// idem-server, baseline), the minimal app, and the durable minimal app.
+/// idem-server, baseline), the same with durable settings, the minimal
+/// app, and the durable minimal app.
 async fn start(
     cfg: &Config,
     bins: &Bins,
@@ -154,9 +168,18 @@ async fn start(
         StoreKind::Sqlite => cfg.minimal_sqlite_pool,
         StoreKind::Postgres | StoreKind::MySql => cfg.minimal_pg_pool,
     };
-    let stack = if cfg.needs_servers() {
+    let stack = if cfg.needs_stack() {
         let urls = (dbs.url("bench_idem").await?, dbs.url("bench_base").await?);
-        Some(Stack::start(bins, dir, tokens, (&urls.0, &urls.1), None).await?)
+        Some(Stack::start(bins, (dir, tokens), (&urls.0, &urls.1), &[], None).await?)
+    } else {
+        None
+    };
+    let durable_stack = if cfg.needs_durable_stack(kind) {
+        let urls = (
+            dbs.url("bench_idem_full").await?,
+            dbs.url("bench_base_full").await?,
+        );
+        Some(Stack::start(bins, (dir, tokens), (&urls.0, &urls.1), DURABLE_FLAGS, None).await?)
     } else {
         None
     };
@@ -179,7 +202,7 @@ async fn start(
     let durable = if cfg
         .scenarios
         .iter()
-        .any(|s| s.is_durable() && s.runs_on(kind))
+        .any(|s| s.is_durable() && s.is_minimal() && s.runs_on(kind))
     {
         let url = dbs.url("bench_min_full").await?;
         Some(minimal_app(url, &["--synchronous", "full"]).await?.0)
@@ -188,6 +211,7 @@ async fn start(
     };
     Ok(Apps {
         stack,
+        durable_stack,
         minimal,
         durable,
         pool,
@@ -222,8 +246,9 @@ async fn rounds(
 }
 
 /// The durability settings the cells run with, read from the store: on
-/// SQLite from each minimal app's pool (idem-server and the baseline use
-/// the library's recommended options, which they offer no flag to change);
+/// SQLite from each minimal app's pool (idem-server and the baseline take
+/// the library's options from their flags, which the report names; the
+/// flag's effect on the pool is the library's and idem-server's tests);
 /// on PostgreSQL and MySQL from the server.
 async fn durability(kind: StoreKind, dbs: &Dbs, apps: &Apps) -> Result<Vec<String>> {
     let mut out = Vec::new();
@@ -234,9 +259,15 @@ async fn durability(kind: StoreKind, dbs: &Dbs, apps: &Apps) -> Result<Vec<Strin
             if apps.stack.is_some() {
                 out.push(
                     "idem-server and baseline: the library's recommended options \
-                     (journal_mode = wal, synchronous = NORMAL; no flag changes them)"
+                     (journal_mode = wal, synchronous = NORMAL)"
                         .into(),
                 );
+            }
+            if apps.durable_stack.is_some() {
+                out.push(format!(
+                    "idem-server and baseline, *-full cells: {} (synchronous = FULL)",
+                    DURABLE_FLAGS.join(" ")
+                ));
             }
             if let Some((m, _)) = &apps.minimal {
                 out.push(format!("minimal app: {}", app_settings(m).await?));

@@ -28,7 +28,8 @@ fn ratio(s: &StoreResult, a: Scenario, b: Scenario, c: usize) -> Option<f64> {
 /// write pair (≥ 0.5; issue 19 sets it for SQLite, it is held to
 /// PostgreSQL too), the same pair with durable settings (issue 33), its
 /// writes-nothing pair (reported, no target); the concurrency scenario (all
-/// 201, one effect each, within the limit); first/baseline (≥ 0.85) and
+/// 201, one effect each, within the limit); first/baseline (≥ 0.85, with
+/// default and with durable settings) and
 /// replay/first (≥ 5) at each ratio concurrency, payments/processor (≥ 0.8
 /// with ≤ 4 commits) at the largest, RSS at many connections (< 64 MiB).
 pub fn targets(cfg: &Config, stores: &[StoreResult]) -> Vec<Target> {
@@ -42,6 +43,14 @@ pub fn targets(cfg: &Config, stores: &[StoreResult]) -> Vec<Target> {
             out.extend(payments(cfg, s));
             out.push(rss(s));
         }
+        pair(
+            cfg,
+            s,
+            "first / baseline, synchronous = FULL",
+            (Scenario::FirstFull, Scenario::BaselineFull),
+            Some(FIRST_BASELINE_RATIO),
+            &mut out,
+        );
     }
     out
 }

@@ -259,3 +259,61 @@ async fn the_minimal_app_answers_every_route_with_one_effect_each() {
     let md = idem_bench::report::markdown(&result);
     assert!(md.contains("| SQLite | min-write | 1 |") && md.contains("minimal.handler"));
 }
+
+/// The durable cells (issue 33) end to end on SQLite: the minimal write
+/// pair and the transfer pair on apps whose pools flush every commit, each
+/// answering as expected and committing once per write, the report naming
+/// the settings, and both durable ratios computed. No timing is asserted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_durable_cells_run_on_sqlite_with_full_synchronous() {
+    let mut cfg = tiny();
+    cfg.stores = vec![StoreKind::Sqlite];
+    idem_bench::config::select(&mut cfg, &["durable".into()]).unwrap();
+    assert!(cfg.needs_servers() && !cfg.needs_stack());
+    let result = idem_bench::run(&cfg, &|line: &str| eprintln!("{line}"))
+        .await
+        .unwrap();
+    let s = &result.stores[0];
+    assert_eq!(s.skipped, None);
+    assert_eq!(
+        s.cells.len(),
+        Scenario::DURABLE.len() * cfg.concurrencies.len()
+    );
+    for cell in &s.cells {
+        assert!(cell.scenario.is_durable(), "{:?}", cell.scenario);
+        assert!(cell.requests > 0, "{:?}", cell.scenario);
+        assert_eq!(
+            cell.errors, 0,
+            "{:?}: {:?}",
+            cell.scenario, cell.rounds[0].load.first_error
+        );
+        let k = cell.per_request.commits.unwrap();
+        assert!((0.95..1.5).contains(&k), "{:?}: {k} commits", cell.scenario);
+    }
+    let statements = |scenario| {
+        s.cell(scenario, 1)
+            .and_then(|c| c.per_request.statements)
+            .unwrap()
+    };
+    assert!(statements(Scenario::FirstFull) > statements(Scenario::BaselineFull));
+    assert!(statements(Scenario::MinWriteFull) > statements(Scenario::MinWritePlainFull));
+    let full = |who: &str| {
+        s.durability
+            .iter()
+            .any(|l| l.contains(who) && l.contains("synchronous = FULL"))
+    };
+    assert!(full("minimal app, *-full cells"), "{:?}", s.durability);
+    assert!(
+        full("idem-server and baseline, *-full cells"),
+        "{:?}",
+        s.durability
+    );
+    // Both durable pairs at each ratio concurrency, nothing else.
+    assert_eq!(result.targets.len(), 2 * cfg.ratio_concurrencies.len());
+    assert!(
+        result
+            .targets
+            .iter()
+            .all(|t| t.ratio.contains("synchronous = FULL") && t.pass.is_some())
+    );
+}

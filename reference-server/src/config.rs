@@ -180,6 +180,13 @@ pub struct Cli {
     #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u64).range(1..))]
     pub statement_timeout_ms: u64,
 
+    /// How SQLite flushes a commit: `normal` (WAL's recommended setting: a
+    /// commit survives the process crashing; a power loss may roll back the
+    /// last ones, whole) or `full` (an fsync per commit, which survives a
+    /// power loss too). SQLite only; PostgreSQL takes its server's settings.
+    #[arg(long, value_enum, default_value_t = SqliteSynchronous::Normal)]
+    pub sqlite_synchronous: SqliteSynchronous,
+
     /// Expose the /_test/* routes and honour the Idem-Failpoint header. Never in production.
     #[arg(long)]
     pub test_hooks: bool,
@@ -200,6 +207,15 @@ pub struct Cli {
     #[cfg(feature = "flaws")]
     #[arg(long = "flaw", value_enum, value_name = "NAME")]
     pub flaws: Vec<crate::flaws::Flaw>,
+}
+
+/// `--sqlite-synchronous`: SQLite's `synchronous` pragma, as the store offers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SqliteSynchronous {
+    /// `synchronous = NORMAL`.
+    Normal,
+    /// `synchronous = FULL`.
+    Full,
 }
 
 fn parse_profile(s: &str) -> std::result::Result<Profile, String> {
@@ -326,12 +342,18 @@ impl Cli {
         .policy()
     }
 
-    /// The pool settings these flags ask for.
+    /// The pool settings these flags ask for (the library refuses
+    /// `--sqlite-synchronous full` with another store's URL).
     pub fn store_options(&self) -> axum_idempotency::StoreOptions {
+        let sync = match self.sqlite_synchronous {
+            SqliteSynchronous::Normal => axum_idempotency::SqliteSync::Normal,
+            SqliteSynchronous::Full => axum_idempotency::SqliteSync::Full,
+        };
         axum_idempotency::StoreOptions::default()
             .max_connections(self.max_connections)
             .acquire_timeout(Duration::from_millis(self.store_timeout_ms))
             .statement_timeout(Duration::from_millis(self.statement_timeout_ms))
+            .sqlite_synchronous(sync)
     }
 
     /// The connection-level limits these flags ask for.
@@ -389,6 +411,21 @@ mod tests {
         let policy = cli.engine_config().expect("config").policy();
         assert_eq!(policy, idem_spec::Policy::default());
         assert_eq!(cli.published_policy(), policy);
+    }
+
+    #[test]
+    fn sqlite_synchronous_is_normal_unless_asked() {
+        let cli = Cli::from_args(["idem-server"]).expect("parse");
+        assert_eq!(
+            cli.store_options().sqlite_synchronous,
+            axum_idempotency::SqliteSync::Normal
+        );
+        let cli = Cli::from_args(["idem-server", "--sqlite-synchronous", "full"]).expect("parse");
+        assert_eq!(
+            cli.store_options().sqlite_synchronous,
+            axum_idempotency::SqliteSync::Full
+        );
+        assert!(Cli::from_args(["idem-server", "--sqlite-synchronous", "off"]).is_err());
     }
 
     #[test]

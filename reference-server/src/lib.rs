@@ -33,7 +33,9 @@
 //! the store bounds `--store-timeout-ms` (2000: longest wait for a
 //! database connection or SQLite's write lock, past which a request is
 //! answered 503 `upstream_unavailable` with `Retry-After`) and
-//! `--statement-timeout-ms` (5000, PostgreSQL),
+//! `--statement-timeout-ms` (5000, PostgreSQL), `--sqlite-synchronous
+//! normal|full` (how SQLite flushes a commit; `full` survives a power
+//! loss),
 //! `--replay-window-secs`, `--retention-secs`, `--lease-secs` (10; a live
 //! multi-step request renews its lease every third of it),
 //! `--retry-after-secs`, `--max-wait-secs`, `--reaper-interval-secs`,

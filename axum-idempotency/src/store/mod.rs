@@ -175,7 +175,7 @@ use crate::key::{Fence, KeyId};
 pub use dialect::{Dialect, is_mysql, sql};
 #[cfg(feature = "mysql")]
 pub use mysql::{MySqlStore, MySqlTx};
-pub use options::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, StoreOptions};
+pub use options::{DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT, SqliteSync, StoreOptions};
 #[cfg(feature = "postgres")]
 pub use postgres::{PgStore, PgTx};
 pub use seam::{DbConn, DbTx, Store, StoreBackend};

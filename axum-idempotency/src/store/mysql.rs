@@ -314,6 +314,7 @@ impl MySqlStore {
     /// which bounds reads only). It does not migrate: call
     /// [`MySqlStore::migrate`].
     pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self> {
+        options.check_not_sqlite_only("MySQL")?;
         let connect = MySqlConnectOptions::from_str(url)?;
         let statement_ms = u64::try_from(options.statement_timeout.as_millis())
             .unwrap_or(u64::MAX)

@@ -1,7 +1,7 @@
 //! The store settings shared by [`SqliteStore::connect`](super::SqliteStore::connect),
-//! [`PgStore::connect`](super::PgStore::connect) and `Store::connect_with`: pool size
-//! and the time bounds that make a store outage fail fast. Outside the stores'
-//! modules so each exists with its own cargo feature alone.
+//! [`PgStore::connect`](super::PgStore::connect) and `Store::connect_with`: pool size,
+//! the time bounds that make a store outage fail fast, and how SQLite flushes its
+//! commits. Outside the stores' modules so each exists with its own cargo feature alone.
 
 use std::time::Duration;
 
@@ -30,6 +30,23 @@ pub struct StoreOptions {
     /// `statement_timeout`); not applied to SQLite, whose statements are
     /// local and bounded by its busy timeout.
     pub statement_timeout: Duration,
+    /// How SQLite flushes a commit (`PRAGMA synchronous`); PostgreSQL and
+    /// MySQL take their server's own settings.
+    pub sqlite_synchronous: SqliteSync,
+}
+
+/// SQLite's `synchronous` setting, as the stores offer it (WAL mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SqliteSync {
+    /// `NORMAL`, the setting SQLite recommends with WAL: a committed
+    /// transaction survives a crash of the process; on a power loss or an
+    /// OS crash the last ones may be rolled back, whole (claim, business
+    /// writes and stored response together), never half.
+    #[default]
+    Normal,
+    /// `FULL`: every commit is flushed to disk before it returns (an fsync
+    /// per commit), so it survives a power loss too.
+    Full,
 }
 
 impl Default for StoreOptions {
@@ -38,6 +55,7 @@ impl Default for StoreOptions {
             max_connections: 10,
             acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
             statement_timeout: DEFAULT_STATEMENT_TIMEOUT,
+            sqlite_synchronous: SqliteSync::Normal,
         }
     }
 }
@@ -59,5 +77,25 @@ impl StoreOptions {
     pub fn statement_timeout(mut self, d: Duration) -> Self {
         self.statement_timeout = d;
         self
+    }
+
+    /// Sets how SQLite flushes its commits.
+    pub fn sqlite_synchronous(mut self, sync: SqliteSync) -> Self {
+        self.sqlite_synchronous = sync;
+        self
+    }
+
+    /// An error when a SQLite-only setting is asked of `store`: a durability
+    /// setting that would otherwise be ignored without a word is worse than
+    /// a refusal at start-up.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn check_not_sqlite_only(&self, store: &str) -> crate::Result<()> {
+        if self.sqlite_synchronous == SqliteSync::default() {
+            return Ok(());
+        }
+        Err(crate::Error::Config(format!(
+            "sqlite_synchronous is a SQLite setting; {store} takes its server's own \
+             durability settings"
+        )))
     }
 }

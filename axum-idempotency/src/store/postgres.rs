@@ -204,6 +204,7 @@ impl PgStore {
     /// `options.statement_timeout` on every connection. The recommended way
     /// to get a store. It does not migrate: call [`PgStore::migrate`].
     pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self> {
+        options.check_not_sqlite_only("PostgreSQL")?;
         let statement_ms = options.statement_timeout.as_millis().max(1);
         let connect =
             PgConnectOptions::from_str(url)?.options([("statement_timeout", statement_ms)]);

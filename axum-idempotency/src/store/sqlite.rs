@@ -29,7 +29,9 @@
 //!   `201` for a lost transaction retries into a fresh execution: effectively
 //!   once still holds for the data that survived, but a response the client
 //!   saw may be forgotten. Applications that cannot accept that choose
-//!   `synchronous = FULL` (an fsync per commit).
+//!   `synchronous = FULL` (an fsync per commit) with
+//!   [`StoreOptions::sqlite_synchronous`]; the repository's benchmark
+//!   reports what it costs.
 //! - Waiting is bounded (clause `idem.store.fail-closed`): a writer waits at
 //!   most the pool's acquire timeout for the writer gate, SQLite's busy
 //!   timeout for another process's lock (both 2 s by default), and is
@@ -137,16 +139,24 @@ impl SqliteStore {
     /// [`SqliteStore::recommended_options`] for each connection (with
     /// `options.acquire_timeout` as the busy timeout) and
     /// [`SqliteStore::pool_options`] for the pool, sized
-    /// `options.max_connections`. Build the pool yourself from those two
+    /// `options.max_connections`, with `options.sqlite_synchronous`. Build the pool yourself from those two
     /// only when you need a setting they do not cover.
     pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self> {
         Self::connect_pool(Self::recommended_options(url)?, options).await
     }
 
     async fn connect_pool(connect: SqliteConnectOptions, options: &StoreOptions) -> Result<Self> {
+        let synchronous = match options.sqlite_synchronous {
+            super::SqliteSync::Normal => SqliteSynchronous::Normal,
+            super::SqliteSync::Full => SqliteSynchronous::Full,
+        };
         let pool = Self::pool_options(options.acquire_timeout)
             .max_connections(options.max_connections.max(1))
-            .connect_with(connect.busy_timeout(options.acquire_timeout))
+            .connect_with(
+                connect
+                    .busy_timeout(options.acquire_timeout)
+                    .synchronous(synchronous),
+            )
             .await?;
         Ok(Self::new(pool))
     }

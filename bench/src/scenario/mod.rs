@@ -30,8 +30,8 @@ pub fn requests(
         replayed: Some(false),
     };
     let make = match scenario {
-        Scenario::Baseline => transfers::baseline(callers),
-        Scenario::First => transfers::first(callers, tag),
+        Scenario::Baseline | Scenario::BaselineFull => transfers::baseline(callers),
+        Scenario::First | Scenario::FirstFull => transfers::first(callers, tag),
         Scenario::Replay => return transfers::replay(callers, replay_keys),
         Scenario::Payments => payments::payments(callers, tag),
         Scenario::Processor => payments::processor(tag),
