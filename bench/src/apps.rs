@@ -94,6 +94,9 @@ pub fn tokens_toml(callers: usize) -> String {
 /// The flags that give idem-server and the baseline durable settings.
 pub const DURABLE_FLAGS: &[&str] = &["--sqlite-synchronous", "full"];
 
+/// The flags that give the minimal app durable settings.
+pub const MINIMAL_DURABLE_FLAGS: &[&str] = &["--synchronous", "full"];
+
 /// The three processes of the issue-13 scenarios.
 pub struct Stack {
     /// The fake payment processor.

@@ -112,6 +112,12 @@ impl Scenario {
         Self::FirstFull,
     ];
 
+    /// The durable cells of the minimal app.
+    pub const DURABLE_MINIMAL: [Scenario; 2] = [Self::MinWritePlainFull, Self::MinWriteFull];
+
+    /// The durable cells of idem-server and the baseline.
+    pub const DURABLE_SERVER: [Scenario; 2] = [Self::BaselineFull, Self::FirstFull];
+
     /// Lower-case name.
     pub fn name(self) -> &'static str {
         match self {
@@ -133,8 +139,7 @@ impl Scenario {
 
     /// Whether it runs on the minimal app (its durable pair included).
     pub fn is_minimal(self) -> bool {
-        Self::MINIMAL.contains(&self)
-            || matches!(self, Self::MinWriteFull | Self::MinWritePlainFull)
+        Self::MINIMAL.contains(&self) || Self::DURABLE_MINIMAL.contains(&self)
     }
 
     /// Whether it runs on the minimal app started with durable settings.
@@ -320,9 +325,18 @@ impl Config {
 
     /// Whether the stack with durable settings is needed on `store`.
     pub fn needs_durable_stack(&self, store: StoreKind) -> bool {
+        self.runs_any(&Scenario::DURABLE_SERVER, store)
+    }
+
+    /// Whether the minimal app with durable settings is needed on `store`.
+    pub fn needs_durable_minimal(&self, store: StoreKind) -> bool {
+        self.runs_any(&Scenario::DURABLE_MINIMAL, store)
+    }
+
+    fn runs_any(&self, of: &[Scenario], store: StoreKind) -> bool {
         self.scenarios
             .iter()
-            .any(|s| !s.is_minimal() && s.is_durable() && s.runs_on(store))
+            .any(|s| of.contains(s) && s.runs_on(store))
     }
 
     /// Whether the minimal app is needed.

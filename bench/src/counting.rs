@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use crate::apps::{Bins, DURABLE_FLAGS, MinimalStart, Stack, start_minimal};
+use crate::apps::{Bins, DURABLE_FLAGS, MINIMAL_DURABLE_FLAGS, MinimalStart, Stack, start_minimal};
 use crate::child::ChildServer;
 use crate::config::{Config, Scenario};
 use crate::load::{self, Load};
@@ -39,17 +39,9 @@ pub async fn servers(
             .as_slice(),
             &[][..],
         ),
-        (
-            "count_full",
-            [Scenario::BaselineFull, Scenario::FirstFull].as_slice(),
-            DURABLE_FLAGS,
-        ),
+        ("count_full", &Scenario::DURABLE_SERVER[..], DURABLE_FLAGS),
     ] {
-        let ran: Vec<Scenario> = scenarios
-            .iter()
-            .copied()
-            .filter(|s| cfg.scenarios.contains(s))
-            .collect();
+        let ran = selected(cfg, scenarios);
         if ran.is_empty() {
             continue;
         }
@@ -81,6 +73,15 @@ pub async fn servers(
     Ok(out)
 }
 
+/// Those of `scenarios` the run selected, in their order.
+fn selected(cfg: &Config, scenarios: &[Scenario]) -> Vec<Scenario> {
+    scenarios
+        .iter()
+        .copied()
+        .filter(|s| cfg.scenarios.contains(s))
+        .collect()
+}
+
 /// Keys of the counting pass, unique per scenario and apart from the
 /// timed cells' tags.
 fn tag(scenario: Scenario) -> u64 {
@@ -104,15 +105,11 @@ pub async fn minimal(
         ("count_min.db", &Scenario::MINIMAL[..], &[][..]),
         (
             "count_min_full.db",
-            &[Scenario::MinWritePlainFull, Scenario::MinWriteFull][..],
-            &["--synchronous", "full"][..],
+            &Scenario::DURABLE_MINIMAL[..],
+            MINIMAL_DURABLE_FLAGS,
         ),
     ] {
-        let ran: Vec<Scenario> = scenarios
-            .iter()
-            .copied()
-            .filter(|s| cfg.scenarios.contains(s))
-            .collect();
+        let ran = selected(cfg, scenarios);
         if ran.is_empty() {
             continue;
         }

@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::Result;
-use crate::apps::{Bins, DURABLE_FLAGS, Dbs, MinimalStart, Stack, start_minimal, tokens_toml};
+use crate::apps::{
+    Bins, DURABLE_FLAGS, Dbs, MINIMAL_DURABLE_FLAGS, MinimalStart, Stack, start_minimal,
+    tokens_toml,
+};
 use crate::child::{ChildServer, TempDir};
 use crate::config::{Config, Scenario, StoreKind};
 use crate::measure::{CellAt, measure_cell, summarize};
@@ -137,20 +140,16 @@ pub async fn session(
 }
 
 /// The SQLite counting pass of every scenario that ran, on fresh apps
-/// (the timed ones are stopped first: one writer per file).
+/// (the timed ones are stopped first: one writer per file); each half
+/// starts nothing when none of its scenarios ran.
 async fn sqlite_counts(
     cfg: &Config,
     bins: &Bins,
     (dir, tokens): (&std::path::Path, &std::path::Path),
     progress: &(dyn Fn(&str) + Sync),
 ) -> Result<Vec<crate::results::Count>> {
-    let mut counts = Vec::new();
-    if cfg.needs_servers() {
-        counts = crate::counting::servers(cfg, bins, (dir, tokens), progress).await?;
-    }
-    if cfg.scenarios.iter().any(|s| s.is_minimal()) {
-        counts.extend(crate::counting::minimal(cfg, bins, dir, progress).await?);
-    }
+    let mut counts = crate::counting::servers(cfg, bins, (dir, tokens), progress).await?;
+    counts.extend(crate::counting::minimal(cfg, bins, dir, progress).await?);
     Ok(counts)
 }
 
@@ -199,13 +198,9 @@ async fn start(
     } else {
         None
     };
-    let durable = if cfg
-        .scenarios
-        .iter()
-        .any(|s| s.is_durable() && s.is_minimal() && s.runs_on(kind))
-    {
+    let durable = if cfg.needs_durable_minimal(kind) {
         let url = dbs.url("bench_min_full").await?;
-        Some(minimal_app(url, &["--synchronous", "full"]).await?.0)
+        Some(minimal_app(url, MINIMAL_DURABLE_FLAGS).await?.0)
     } else {
         None
     };

@@ -139,8 +139,9 @@ impl SqliteStore {
     /// [`SqliteStore::recommended_options`] for each connection (with
     /// `options.acquire_timeout` as the busy timeout) and
     /// [`SqliteStore::pool_options`] for the pool, sized
-    /// `options.max_connections`, with `options.sqlite_synchronous`. Build the pool yourself from those two
-    /// only when you need a setting they do not cover.
+    /// `options.max_connections`, with `options.sqlite_synchronous`. Build
+    /// the pool yourself from those two only when you need a setting they
+    /// do not cover.
     pub async fn connect(url: &str, options: &StoreOptions) -> Result<Self> {
         Self::connect_pool(Self::recommended_options(url)?, options).await
     }
