@@ -256,9 +256,9 @@ impl RateLimit {
 /// The limited, counting client shared by a run.
 #[derive(Debug, Clone)]
 pub struct Client {
-    /// The pool in use; replaced by a fresh one after a 5xx or a broken
-    /// connection (see [`Client::fresh_pool`]).
-    inner: Arc<std::sync::RwLock<reqwest::Client>>,
+    /// The pool in use and its generation; replaced by a fresh one after a
+    /// 5xx or a broken connection (see [`Client::fresh_pool`]).
+    inner: Arc<std::sync::RwLock<Pool>>,
     timeout: Duration,
     rate: Arc<RateLimit>,
     budget: u64,
@@ -284,7 +284,11 @@ impl Client {
         let per_sec = f64::from(requests_per_second.max(1));
         let capacity = per_sec.max(f64::from(burst) + 4.0);
         Ok(Self {
-            inner: Arc::new(std::sync::RwLock::new(inner)),
+            inner: Arc::new(std::sync::RwLock::new(Pool {
+                client: inner,
+                generation: 0,
+                retired_by_5xx: 0,
+            })),
             timeout,
             rate: Arc::new(RateLimit {
                 per_sec,
@@ -311,12 +315,23 @@ impl Client {
         self
     }
 
-    /// The connection pool requests go out on now.
-    fn pool(&self) -> reqwest::Client {
+    /// The connection pool requests go out on now, and its generation.
+    fn pool(&self) -> (reqwest::Client, u64) {
+        let p = self
+            .inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (p.client.clone(), p.generation)
+    }
+
+    /// Whether the pool of `generation` (or a later one) was retired
+    /// because a request on it was answered with a 5xx.
+    fn retired_by_5xx(&self, generation: u64) -> bool {
         self.inner
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+            .retired_by_5xx
+            > generation
     }
 
     /// Starts a fresh connection pool: the connections the old one holds
@@ -325,11 +340,20 @@ impl Client {
     /// `Connection: close`, and the next request sent on it would get no
     /// answer through no fault of the case.
     pub fn fresh_pool(&self) {
+        self.retire(false);
+    }
+
+    fn retire(&self, after_5xx: bool) {
         if let Ok(c) = build(self.timeout) {
-            *self
+            let mut p = self
                 .inner
                 .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = c;
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            p.client = c;
+            p.generation += 1;
+            if after_5xx {
+                p.retired_by_5xx = p.generation;
+            }
         }
     }
 
@@ -407,7 +431,7 @@ impl Client {
         let barrier = Arc::new(Barrier::new(n));
         let mut tasks = Vec::with_capacity(n);
         for _ in 0..n {
-            let inner = self.pool();
+            let (inner, _) = self.pool();
             let url = url.to_owned();
             let barrier = barrier.clone();
             let requests = self.requests.clone();
@@ -453,16 +477,57 @@ impl Client {
         out
     }
 
+    /// Sends `req` on the pool in use. A request that broke on a pool
+    /// retired while it was out because another request on it was answered
+    /// with a 5xx is sent once more on the fresh pool: it may have gone out
+    /// on the very connection the kit had stopped trusting, one a server
+    /// closes after an error without saying so, which says nothing about
+    /// the target's idempotency. (A pool retired for a broken connection
+    /// triggers no resend: a crash is what some cases cause on purpose.) The resend is the same request with
+    /// the same key (what any client's retry is), counted against the
+    /// budget like the first.
     async fn send_now(&self, req: &Request) -> Sent {
+        self.send_now_from(req, self.pool()).await
+    }
+
+    /// [`Client::send_now`] with the first attempt on `pool` (a pool and
+    /// its generation, maybe retired since it was taken).
+    async fn send_now_from(&self, req: &Request, pool: (reqwest::Client, u64)) -> Sent {
+        let first = self.send_once(req, pool).await;
+        match first {
+            Err((Failure::Transport(why), true)) => {
+                if req.state_changing && self.reserve(1).is_err() {
+                    return Err(Failure::Transport(why));
+                }
+                tracing::debug!(
+                    url = %req.url,
+                    "sent again on a fresh connection: the first went out on a retired pool ({why})"
+                );
+                self.send_once(req, self.pool()).await.map_err(|(f, _)| f)
+            }
+            other => other.map_err(|(f, _)| f),
+        }
+    }
+
+    /// One attempt; on failure, also whether the pool it went out on was
+    /// retired meanwhile after another request's 5xx.
+    async fn send_once(
+        &self,
+        req: &Request,
+        (pool, generation): (reqwest::Client, u64),
+    ) -> Result<Response, (Failure, bool)> {
         self.requests.fetch_add(1, Ordering::SeqCst);
         let method = reqwest::Method::from_bytes(req.method.as_bytes())
-            .map_err(|e| Failure::Harness(e.to_string()))?;
-        let mut b = self.pool().request(method, &req.url);
+            .map_err(|e| (Failure::Harness(e.to_string()), false))?;
+        let mut b = pool.request(method, &req.url);
         let signed;
         let mut fields = &req.headers;
         if let Some(who) = &req.signed_by {
             let signer = self.signers.get(who).ok_or_else(|| {
-                Failure::Harness(format!("caller {who:?} signs requests but has no signer"))
+                (
+                    Failure::Harness(format!("caller {who:?} signs requests but has no signer")),
+                    false,
+                )
             })?;
             let mut h = req.headers.clone();
             let now = std::time::SystemTime::now()
@@ -474,10 +539,18 @@ impl Client {
         }
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, value) in fields {
-            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
-                .map_err(|e| Failure::Harness(format!("header name {name:?}: {e}")))?;
-            let value = reqwest::header::HeaderValue::from_bytes(value)
-                .map_err(|e| Failure::Harness(format!("header value for {name}: {e}")))?;
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|e| {
+                (
+                    Failure::Harness(format!("header name {name:?}: {e}")),
+                    false,
+                )
+            })?;
+            let value = reqwest::header::HeaderValue::from_bytes(value).map_err(|e| {
+                (
+                    Failure::Harness(format!("header value for {name}: {e}")),
+                    false,
+                )
+            })?;
             headers.append(name, value);
         }
         b = b.headers(headers);
@@ -487,13 +560,14 @@ impl Client {
         let resp = match b.send().await {
             Ok(r) => r,
             Err(e) => {
+                let retired = self.retired_by_5xx(generation);
                 self.fresh_pool();
-                return Err(classify(e));
+                return Err((classify(e), retired));
             }
         };
         let status = resp.status().as_u16();
         if status >= 500 {
-            self.fresh_pool();
+            self.retire(true);
         }
         let headers = resp
             .headers()
@@ -505,7 +579,11 @@ impl Client {
                 )
             })
             .collect();
-        let body = resp.bytes().await.map_err(classify)?.to_vec();
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| (classify(e), false))?
+            .to_vec();
         Ok(Response {
             status,
             headers,
@@ -518,6 +596,16 @@ impl Client {
     pub fn curl(&self, req: &Request) -> String {
         curl(req, &self.secrets)
     }
+}
+
+/// A connection pool and its place in the sequence of pools a run used.
+#[derive(Debug)]
+struct Pool {
+    client: reqwest::Client,
+    /// Bumped each time a pool is retired.
+    generation: u64,
+    /// The generation of the newest pool started because of a 5xx.
+    retired_by_5xx: u64,
 }
 
 fn build(timeout: Duration) -> reqwest::Result<reqwest::Client> {
@@ -651,5 +739,54 @@ mod tests {
         assert_eq!(c.requests_sent(), 1);
         let burst = c.burst(vec![req.clone(), req]).await;
         assert!(burst.iter().all(|r| *r == Err(Failure::Budget(1))));
+    }
+
+    /// A request that went out on a pool retired meanwhile after another
+    /// request's 5xx, on the very connection that carried the 5xx to a
+    /// server that closes such connections without saying so, is sent once
+    /// more on a fresh connection and gets its answer.
+    #[tokio::test]
+    async fn a_request_on_a_pool_retired_by_a_5xx_is_resent_on_a_fresh_one() {
+        let zoo = idem_zoo::spawn(idem_zoo::ZooConfig {
+            dialect: idem_zoo::Dialect::Reference,
+            defect: None,
+            delay: Duration::ZERO,
+            quirk: Some(idem_zoo::Quirk::ResetAfterServerError),
+        })
+        .await
+        .expect("zoo");
+        let client = Client::new(Duration::from_secs(5), 1000, 4, 10, []).expect("client");
+        let order = |key: &str, amount: i64, marker: &str| Request {
+            method: "POST".into(),
+            url: format!("{}{}", zoo.base_url, idem_zoo::ORDERS_PATH),
+            headers: vec![
+                (
+                    "Authorization".into(),
+                    idem_zoo::CALLERS[0].1.as_bytes().to_vec(),
+                ),
+                ("Content-Type".into(), b"application/json".to_vec()),
+                ("Idempotency-Key".into(), key.as_bytes().to_vec()),
+            ],
+            body: Some(format!(r#"{{"amount":{amount},"marker":"{marker}"}}"#).into_bytes()),
+            state_changing: true,
+            signed_by: None,
+        };
+        // Taken before the 5xx, as by a request another case had under way.
+        let stale = client.pool();
+        let failed = client
+            .send(&order("k-5xx", idem_zoo::SERVER_ERROR_AMOUNT, "m-5xx"))
+            .await
+            .expect("an answer");
+        assert_eq!(failed.status, 500);
+        // The stale pool's one idle connection is the one that carried the
+        // 500: the zoo reads the next request on it and closes it unanswered.
+        client.reserve(1).expect("budget, as `send` takes it");
+        let sent = client
+            .send_now_from(&order("k-next", 7, "m-next"), stale)
+            .await;
+        let r = sent.expect("answered on a fresh connection");
+        assert_eq!(r.status, 201, "{}", r.summary());
+        assert_eq!(client.effects_used(), 3, "the resend is counted");
+        zoo.shutdown().await;
     }
 }
