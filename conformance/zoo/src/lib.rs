@@ -32,6 +32,20 @@ pub const ORDERS_PATH: &str = "/v1/orders";
 /// The execution-count probe's path (add `?marker=M` or `?idempotency_key=K`).
 pub const EXECUTIONS_PATH: &str = "/_zoo/executions";
 
+/// The failpoint header a test manifest may declare (`hooks.failpoint`):
+/// with the value [`PAUSE_VALUE`], a request is held in flight after its
+/// claim until `POST` [`RELEASE_PATH`] (or [`GATE_LIMIT_SECS`]).
+pub const FAILPOINT_HEADER: &str = "Zoo-Failpoint";
+
+/// The failpoint value that holds a request in flight.
+pub const PAUSE_VALUE: &str = "pause";
+
+/// `POST` here releases every paused request.
+pub const RELEASE_PATH: &str = "/_zoo/release";
+
+/// The longest any held request waits before going on by itself.
+pub const GATE_LIMIT_SECS: u64 = 30;
+
 /// The one error type of `idem-zoo`.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -15,7 +15,7 @@ use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use idem_spec::fingerprint::Fingerprint;
 use idem_spec::headers::IDEMPOTENCY_KEY;
 use idem_spec::key::IdempotencyKey;
@@ -30,14 +30,17 @@ use crate::{
 
 /// The longest a gated handler waits for its release before going on, so a
 /// test that forgets to release cannot hang the server.
-const GATE_LIMIT: Duration = Duration::from_secs(30);
+const GATE_LIMIT: Duration = Duration::from_secs(crate::GATE_LIMIT_SECS);
 
 /// The least time the `race-double-execution` defect leaves between its
 /// check and its insert, so the defect shows even with no configured delay.
 const RACE_WINDOW: Duration = Duration::from_millis(50);
 
-/// How long the `in-flight-lock-global` defect's lock outlives its request.
-const LOCK_TTL: Duration = Duration::from_secs(2);
+/// How long the `in-flight-lock-global` defect's lock outlives its request:
+/// long enough that the other caller's request, sent right after, meets it
+/// even on a machine that stalls for seconds (keys are unique per case, so
+/// no other case waits on it).
+const LOCK_TTL: Duration = Duration::from_secs(10);
 
 /// The replay window the zoo says on its answers (its manifests declare
 /// it). Records are kept for the process's life, so it is never shorter.
@@ -103,12 +106,14 @@ pub(crate) fn build(config: ZooConfig, gate: Option<Gate>) -> Router {
         gate,
         inner: Mutex::new(Inner::default()),
         done: watch::Sender::new(0),
+        released: watch::Sender::new(0),
         key_locks: Mutex::new(HashMap::new()),
     });
     Router::new()
         .route(ORDERS, get(list_orders).post(create_order))
         .route("/v1/orders/{id}", get(show_order))
         .route(EXECUTIONS_PATH, get(count_executions))
+        .route(crate::RELEASE_PATH, post(release_paused))
         .fallback(unknown_route)
         .method_not_allowed_fallback(unsupported_method)
         .layer(middleware::from_fn_with_state(
@@ -152,6 +157,8 @@ struct Shared {
     /// Bumped whenever a run finishes, so held duplicates (the
     /// `always-wait` quirk) look again.
     done: watch::Sender<u64>,
+    /// Bumped by `POST /_zoo/release`: paused requests go on.
+    released: watch::Sender<u64>,
     /// Per-key locks of the `no-in-flight-state` quirk.
     key_locks: Mutex<HashMap<Slot, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -351,7 +358,14 @@ impl Shared {
     }
 
     /// One handler run: counted, delayed, then the body decides the outcome.
-    async fn execute(&self, caller: &str, key: &str, req: &OrderRequest, delay: bool) -> Stored {
+    async fn execute(
+        &self,
+        caller: &str,
+        key: &str,
+        req: &OrderRequest,
+        delay: bool,
+        paused: bool,
+    ) -> Stored {
         self.lock()
             .executions
             .push((req.marker.clone(), key.to_owned()));
@@ -360,6 +374,18 @@ impl Shared {
         }
         if let Some(gate) = &self.gate {
             gate.pass().await;
+        }
+        if paused {
+            // Held until the next release; the kit repeats its release
+            // until the request answers, so one sent before the pause was
+            // reached is not lost.
+            let mut released = self.released.subscribe();
+            if tokio::time::timeout(GATE_LIMIT, released.changed())
+                .await
+                .is_err()
+            {
+                tracing::warn!("zoo pause not released within {GATE_LIMIT:?}; going on");
+            }
         }
         if req.amount == SERVER_ERROR_AMOUNT {
             return error(self.config, Kind::Internal);
@@ -512,6 +538,9 @@ async fn create_order(
         _ => key.as_str().to_owned(),
     };
     let slot = (scope, name);
+    let paused = headers
+        .get(crate::FAILPOINT_HEADER)
+        .is_some_and(|v| v.as_bytes() == crate::PAUSE_VALUE.as_bytes());
 
     // A new request for a caller whose deadline is spent is not started;
     // a stored outcome is still replayed. Defect: the deadline is ignored.
@@ -566,7 +595,9 @@ async fn create_order(
         let s = Arc::clone(&s);
         let slot = slot.clone();
         tokio::spawn(async move {
-            let outcome = s.execute(caller, key.as_str(), &req, delay_left).await;
+            let outcome = s
+                .execute(caller, key.as_str(), &req, delay_left, paused)
+                .await;
             let outcome = s.with_window(outcome);
             // Defect: executed, then answered with another caller's response.
             let outcome = if s.has(Defect::LeakAfterExecution) {
@@ -686,6 +717,12 @@ async fn list_orders(State(s): State<Arc<Shared>>, Query(q): Query<ProbeQuery>) 
         })
         .collect();
     axum::Json(json!({"count": items.len(), "items": items})).into_response()
+}
+
+/// `POST /_zoo/release`: every paused request goes on.
+async fn release_paused(State(s): State<Arc<Shared>>) -> StatusCode {
+    s.released.send_modify(|n| *n += 1);
+    StatusCode::NO_CONTENT
 }
 
 async fn count_executions(State(s): State<Arc<Shared>>, Query(q): Query<ProbeQuery>) -> Response {
