@@ -507,13 +507,13 @@ async fn every_dialect_and_defect_is_judged_by_behaviour_not_spelling() {
                 .filter(|l| !l.is_empty())
                 .collect();
             let measured: BTreeSet<&str> = table.lines().collect();
-            let only = |a: &BTreeSet<&str>, b: &BTreeSet<&str>| {
+            let missing_from = |a: &BTreeSet<&str>, b: &BTreeSet<&str>| {
                 a.difference(b).copied().collect::<Vec<_>>().join("\n")
             };
             panic!(
                 "the README's zoo table differs from the measured one; rerun with IDEM_BLESS=1 to update it.\nmeasured, not in the README:\n{}\nin the README, not measured:\n{}\n\nthe measured table:\n{table}",
-                only(&measured, &committed),
-                only(&committed, &measured),
+                missing_from(&measured, &committed),
+                missing_from(&committed, &measured),
             );
         }
     }

@@ -482,20 +482,24 @@ impl Client {
     /// with a 5xx is sent once more on the fresh pool: it may have gone out
     /// on the very connection the kit had stopped trusting, one a server
     /// closes after an error without saying so, which says nothing about
-    /// the target's idempotency. (A pool retired for a broken connection
-    /// triggers no resend: a crash is what some cases cause on purpose.) The resend is the same request with
-    /// the same key (what any client's retry is), counted against the
-    /// budget like the first.
+    /// the target's idempotency. The resend is the same request with the
+    /// same key (what any client's retry is), counted against the budget
+    /// like the first. A pool retired for a broken connection triggers no
+    /// resend (a crash is what some cases cause on purpose), nor does a
+    /// body that breaks after its status arrived (the target answered).
     async fn send_now(&self, req: &Request) -> Sent {
         self.send_now_from(req, self.pool()).await
     }
 
     /// [`Client::send_now`] with the first attempt on `pool` (a pool and
     /// its generation, maybe retired since it was taken).
-    async fn send_now_from(&self, req: &Request, pool: (reqwest::Client, u64)) -> Sent {
-        let first = self.send_once(req, pool).await;
-        match first {
-            Err((Failure::Transport(why), true)) => {
+    async fn send_now_from(
+        &self,
+        req: &Request,
+        (pool, generation): (reqwest::Client, u64),
+    ) -> Sent {
+        let resp = match self.send_head(req, &pool).await {
+            Err(Failure::Transport(why)) if self.retired_by_5xx(generation) => {
                 if req.state_changing && self.reserve(1).is_err() {
                     return Err(Failure::Transport(why));
                 }
@@ -503,31 +507,45 @@ impl Client {
                     url = %req.url,
                     "sent again on a fresh connection: the first went out on a retired pool ({why})"
                 );
-                self.send_once(req, self.pool()).await.map_err(|(f, _)| f)
+                self.send_head(req, &self.pool().0).await?
             }
-            other => other.map_err(|(f, _)| f),
-        }
+            head => head?,
+        };
+        let status = resp.status().as_u16();
+        let headers = resp
+            .headers()
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_owned(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
+        let body = resp.bytes().await.map_err(classify)?.to_vec();
+        Ok(Response {
+            status,
+            headers,
+            body,
+        })
     }
 
-    /// One attempt; on failure, also whether the pool it went out on was
-    /// retired meanwhile after another request's 5xx.
-    async fn send_once(
+    /// Sends `req` on `pool` up to its status line and headers, retiring
+    /// the pool after a 5xx or a broken connection.
+    async fn send_head(
         &self,
         req: &Request,
-        (pool, generation): (reqwest::Client, u64),
-    ) -> Result<Response, (Failure, bool)> {
+        pool: &reqwest::Client,
+    ) -> Result<reqwest::Response, Failure> {
         self.requests.fetch_add(1, Ordering::SeqCst);
         let method = reqwest::Method::from_bytes(req.method.as_bytes())
-            .map_err(|e| (Failure::Harness(e.to_string()), false))?;
+            .map_err(|e| Failure::Harness(e.to_string()))?;
         let mut b = pool.request(method, &req.url);
         let signed;
         let mut fields = &req.headers;
         if let Some(who) = &req.signed_by {
             let signer = self.signers.get(who).ok_or_else(|| {
-                (
-                    Failure::Harness(format!("caller {who:?} signs requests but has no signer")),
-                    false,
-                )
+                Failure::Harness(format!("caller {who:?} signs requests but has no signer"))
             })?;
             let mut h = req.headers.clone();
             let now = std::time::SystemTime::now()
@@ -539,56 +557,28 @@ impl Client {
         }
         let mut headers = reqwest::header::HeaderMap::new();
         for (name, value) in fields {
-            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes()).map_err(|e| {
-                (
-                    Failure::Harness(format!("header name {name:?}: {e}")),
-                    false,
-                )
-            })?;
-            let value = reqwest::header::HeaderValue::from_bytes(value).map_err(|e| {
-                (
-                    Failure::Harness(format!("header value for {name}: {e}")),
-                    false,
-                )
-            })?;
+            let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| Failure::Harness(format!("header name {name:?}: {e}")))?;
+            let value = reqwest::header::HeaderValue::from_bytes(value)
+                .map_err(|e| Failure::Harness(format!("header value for {name}: {e}")))?;
             headers.append(name, value);
         }
         b = b.headers(headers);
         if let Some(body) = &req.body {
             b = b.body(body.clone());
         }
-        let resp = match b.send().await {
-            Ok(r) => r,
-            Err(e) => {
-                let retired = self.retired_by_5xx(generation);
-                self.fresh_pool();
-                return Err((classify(e), retired));
+        match b.send().await {
+            Ok(r) => {
+                if r.status().as_u16() >= 500 {
+                    self.retire(true);
+                }
+                Ok(r)
             }
-        };
-        let status = resp.status().as_u16();
-        if status >= 500 {
-            self.retire(true);
+            Err(e) => {
+                self.fresh_pool();
+                Err(classify(e))
+            }
         }
-        let headers = resp
-            .headers()
-            .iter()
-            .map(|(n, v)| {
-                (
-                    n.as_str().to_owned(),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
-        let body = resp
-            .bytes()
-            .await
-            .map_err(|e| (classify(e), false))?
-            .to_vec();
-        Ok(Response {
-            status,
-            headers,
-            body,
-        })
     }
 
     /// A `curl` command reproducing `req`, with secret header values
